@@ -1,0 +1,112 @@
+"""Small I/O helpers shared by every stage: JSON Lines, atomic writes and the stage manifest.
+
+The stage contract (DESIGN.md, "Stage artifacts"): a stage writes everything into ``results/<stage>/``
+and writes ``manifest.json`` last, atomically, so a half-written stage never looks finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``.
+
+    A reader sees either the old file or the complete new one, never a partial one, even if the
+    writer is killed with SIGKILL half-way.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
+    """Write ``rows`` as JSON Lines, atomically. Returns the number of rows written."""
+    lines = [json.dumps(r, ensure_ascii=False, default=str) for r in rows]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Read a JSON Lines file.
+
+    Raises:
+        ValueError: a line is not valid JSON; the message names the file and the 1-based line.
+    """
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
+
+
+def append_jsonl(path: str | os.PathLike, row: dict) -> None:
+    """Append one row (used for per-step metrics logs that grow during a stage)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+
+
+def digest(obj: Any) -> str:
+    """A short, stable sha256 digest of a JSON-serialisable object (config digests in manifests)."""
+    blob = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def write_manifest(out_dir: str | os.PathLike, *, stage: str, params: Any, inputs: list[str],
+                   counts: dict, started: float, extra: dict | None = None) -> Path:
+    """Write ``<out_dir>/manifest.json`` last, atomically: what went in, config digest, counts, wall time.
+
+    Args:
+        out_dir: the stage folder, e.g. ``results/rl/stage1``.
+        stage: stage name.
+        params: the stage's resolved config section (its digest is recorded).
+        inputs: paths of the upstream manifests or files this stage read.
+        counts: stage-specific counts (rows, steps, ...).
+        started: ``time.time()`` at the start of the stage; wall time is measured from it.
+    """
+    path = Path(out_dir) / "manifest.json"
+    write_json(path, {
+        "stage": stage,
+        "config_digest": digest(params),
+        "params": params,
+        "inputs": inputs,
+        "counts": counts,
+        "wall_time_s": round(time.time() - started, 2),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **(extra or {}),
+    })
+    return path
