@@ -1,0 +1,67 @@
+"""Command-line entry points, one subcommand per workflow rule (``rstar2 <stage> --params JSON ...``).
+
+The Snakemake rules pass each stage's resolved config section as JSON, so the same command can be run
+by hand to debug one stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _params(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--params is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise SystemExit("--params must be a JSON object")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rstar2", description=__doc__)
+    sub = parser.add_subparsers(dest="stage", required=True)
+    specs = {
+        "base-model": [], "sft-data": [], "rl-data": [],
+        "sft": ["--model", "--data"], "rl": ["--model", "--data"], "hard-problems": ["--model", "--data"],
+        "evaluate": ["--model", "--name"], "report": ["--inputs"],
+    }
+    for name, extra in specs.items():
+        p = sub.add_parser(name)
+        p.add_argument("--params", required=True, type=_params, help="the stage's config section as JSON")
+        p.add_argument("--out", required=True, help="the stage's output folder")
+        for flag in extra:
+            p.add_argument(flag, required=True)
+    a = parser.parse_args(argv)
+
+    if a.stage == "base-model":
+        from .stages import base_model
+        base_model.run(a.params, a.out)
+    elif a.stage == "sft-data":
+        from .stages import sft_data
+        sft_data.run(a.params, a.out)
+    elif a.stage == "rl-data":
+        from .stages import rl_data
+        rl_data.run(a.params, a.out)
+    elif a.stage == "sft":
+        from .stages import sft
+        sft.run(a.params, a.model, a.data, a.out)
+    elif a.stage == "rl":
+        from .stages import rl
+        rl.run(a.params, a.model, a.data, a.out)
+    elif a.stage == "hard-problems":
+        from .stages import hard_problems
+        hard_problems.run(a.params, a.model, a.data, a.out)
+    elif a.stage == "evaluate":
+        from .stages import evaluate
+        evaluate.run(a.params, a.name, a.model, a.out)
+    elif a.stage == "report":
+        from .stages import report
+        report.run(a.params, _params(a.inputs), a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

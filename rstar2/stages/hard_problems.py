@@ -1,0 +1,48 @@
+"""Hard-problem mining for RL stage 3 (paper §4.3; spec §5.4): k rollouts per problem with the stage-2
+policy; keep the problems not solved k out of k (paper: k = 8 over all 42K, leaving 17.3K)."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+from ..io import read_jsonl, write_jsonl, write_manifest
+
+
+def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
+    """Writes ``pass_counts.jsonl`` (every mined problem with its passes out of k) and ``hard.jsonl``.
+
+    params: {"k", "subset_size" (0 = all problems), "rollout": {...}, "tool": {...}, "seed"}.
+    Raises:
+        ValueError: nothing is left after mining (every problem solved k/k): stage 3 would have no data.
+    """
+    import torch
+
+    from .. import models
+    from ..rollout import Progress, run_rollouts
+    from .rl import rollout_config
+
+    t0 = time.time()
+    torch.manual_seed(params["seed"])
+    rows = read_jsonl(data_path)
+    random.Random(params["seed"]).shuffle(rows)
+    if params.get("subset_size"):
+        rows = rows[: params["subset_size"]]
+    model, tok = models.load(model_dir)
+    k = params["k"]
+    trajs = run_rollouts(model, tok, [r for r in rows for _ in range(k)], rollout_config(params),
+                         progress=Progress("hard_problems"))
+    counted = []
+    for i, r in enumerate(rows):
+        passes = int(sum(t.reward > 0 for t in trajs[i * k:(i + 1) * k]))
+        counted.append({**r, "passes": passes, "k": k})
+    hard = [r for r in counted if r["passes"] < k]
+    if not hard:
+        raise ValueError(f"hard_problems: all {len(rows)} mined problems were solved {k}/{k}; raise subset_size")
+    out = Path(out_dir)
+    write_jsonl(out / "pass_counts.jsonl", counted)
+    write_jsonl(out / "hard.jsonl", hard)
+    write_manifest(out, stage="hard_problems", params=params, inputs=[model_dir, data_path],
+                   counts={"mined": len(rows), "hard": len(hard), "solved_k_of_k": len(rows) - len(hard)},
+                   started=t0)

@@ -1,0 +1,88 @@
+"""Non-reasoning SFT cold start (paper §4.1, §5.1; spec §5.2) with TRL's SFTTrainer.
+
+Conversations are tokenised by ``chat.encode_conversation`` (the same segments as RL rollouts), so the
+loss covers assistant tokens only, each turn's ``<|im_end|>`` included, and tool responses are masked.
+Examples longer than ``max_length`` are dropped explicitly and counted (never silently truncated).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from ..io import append_jsonl, read_jsonl, write_json, write_manifest
+
+
+def tokenize_rows(tok, rows: list[dict], max_length: int) -> tuple[list[dict], list[str]]:
+    """Encode rows to ``{"input_ids", "assistant_masks"}``; returns (kept examples, ids of dropped over-long rows)."""
+    from ..chat import encode_conversation
+
+    kept, dropped = [], []
+    for i, r in enumerate(rows):
+        try:
+            ids, mask = encode_conversation(tok, r["messages"])
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"sft data row {i} (id {r.get('id')!r}): {e}") from None
+        if len(ids) > max_length:
+            dropped.append(str(r.get("id", i)))
+            continue
+        kept.append({"input_ids": ids, "assistant_masks": mask})
+    return kept, dropped
+
+
+def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
+    """Fine-tune the base model on the SFT conversations; writes ``model/``, ``metrics.jsonl``, ``manifest.json``.
+
+    params: epochs, learning_rate, batch_size, grad_accum, max_length, warmup_ratio, seed, limit.
+    Raises:
+        ValueError: no example fits in ``max_length`` (the message says how many were too long).
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from .. import models
+
+    t0 = time.time()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    model, tok = models.load(model_dir)
+    tok.padding_side = "right"
+    rows = read_jsonl(data_path)
+    if params.get("limit"):
+        rows = rows[: params["limit"]]
+    examples, dropped = tokenize_rows(tok, rows, params["max_length"])
+    if dropped:
+        print(f"[sft] dropped {len(dropped)} of {len(rows)} examples longer than max_length="
+              f"{params['max_length']}: {dropped[:10]}", flush=True)
+    if not examples:
+        raise ValueError(f"{data_path}: all {len(rows)} examples exceed sft.max_length={params['max_length']}")
+
+    class _Log(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                append_jsonl(out / "metrics.jsonl", {"step": state.global_step, **{k: logs[k] for k in logs}})
+
+    args = SFTConfig(
+        output_dir=str(out / "trainer_scratch"), use_cpu=True, bf16=False, seed=params["seed"],
+        num_train_epochs=params["epochs"], learning_rate=params["learning_rate"],
+        per_device_train_batch_size=params["batch_size"], gradient_accumulation_steps=params.get("grad_accum", 1),
+        lr_scheduler_type="cosine", warmup_ratio=params.get("warmup_ratio", 0.04), max_length=None,
+        logging_steps=1, save_strategy="no", report_to=[], packing=False,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),
+                         processing_class=tok, callbacks=[_Log()])
+    trainer.train()
+    tok.padding_side = "left"
+    trainer.model.save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
+    shutil.rmtree(out / "trainer_scratch", ignore_errors=True)
+    lengths = [len(e["input_ids"]) for e in examples]
+    counts = {"examples": len(examples), "dropped_too_long": len(dropped), "max_tokens": max(lengths),
+              "trained_tokens": sum(sum(e["assistant_masks"]) for e in examples),
+              "optimizer_steps": trainer.state.global_step}
+    write_json(out / "dropped.json", dropped)
+    write_manifest(out, stage="sft", params=params, inputs=[model_dir, data_path], counts=counts, started=t0)

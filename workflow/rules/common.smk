@@ -1,0 +1,97 @@
+# Config validation and the per-stage parameter sets. Each rule receives only its own section as
+# JSON in `params`, so editing one stage's settings reruns that stage and what depends on it, nothing else.
+
+import json
+
+from snakemake.utils import validate
+
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+MODEL_DIRS = {
+    "base": "results/base_model",
+    "sft": "results/sft",
+    "rl_stage1": "results/rl/stage1",
+    "rl_stage2": "results/rl/stage2",
+    "rl_stage3": "results/rl/stage3",
+}
+
+
+def _check_benchmark_names():
+    known = set(config["benchmarks"])
+    for key in ("rl_data.decontaminate_against", "evaluate.benchmarks"):
+        section, field = key.split(".")
+        for name in config[section][field]:
+            if name not in known:
+                raise ValueError(
+                    f"config: {key} names benchmark {name!r}, which is not defined under "
+                    f"'benchmarks' (defined: {sorted(known)})"
+                )
+
+
+_check_benchmark_names()
+
+
+def as_json(obj):
+    return json.dumps(obj, sort_keys=True)
+
+
+def base_model_params():
+    return as_json({**config["model"], "seed": config["seed"]})
+
+
+def sft_data_params():
+    return as_json({**config["sft_data"], "tool_name": config["tool"]["name"],
+                    "tool_timeout_s": config["tool"]["timeout_s"],
+                    "max_tool_chars": config["tool"]["max_output_chars"], "seed": config["seed"]})
+
+
+def sft_params():
+    return as_json({**config["sft"], "seed": config["seed"]})
+
+
+def rl_data_params():
+    return as_json({**config["rl_data"], "benchmarks": config["benchmarks"], "seed": config["seed"]})
+
+
+def _rollout(section, temperature, top_p, batch_size):
+    return {"max_response_tokens": section["max_response_tokens"], "max_turns": section["max_turns"],
+            "temperature": temperature, "top_p": top_p, "batch_size": batch_size}
+
+
+def rl_params(stage):
+    rl = config["rl"]
+    st = rl["stages"][stage]
+    shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size")}
+    return as_json({**shared, "name": f"rl_{stage}", "steps": st["steps"], "tool": config["tool"],
+                    "rollout": _rollout(st, rl["temperature"], rl["top_p"], rl["batch_size"]),
+                    "seed": config["seed"]})
+
+
+def hard_problems_params():
+    hp, rl = config["hard_problems"], config["rl"]
+    return as_json({"k": hp["k"], "subset_size": hp["subset_size"], "tool": config["tool"],
+                    "rollout": _rollout(hp, rl["temperature"], rl["top_p"], rl["batch_size"]),
+                    "seed": config["seed"]})
+
+
+def evaluate_params():
+    ev = config["evaluate"]
+    return as_json({"benchmarks": {b: config["benchmarks"][b] for b in ev["benchmarks"]},
+                    "limit": ev["limit"], "k": ev["k"], "tool": config["tool"],
+                    "rollout": _rollout(ev, ev["temperature"], ev["top_p"], ev["batch_size"]),
+                    "seed": config["seed"]})
+
+
+def model_manifest(wildcards):
+    return f"{MODEL_DIRS[wildcards.model]}/manifest.json"
+
+
+def model_dir(wildcards):
+    return f"{MODEL_DIRS[wildcards.model]}/model"
+
+
+def report_inputs():
+    stages = {s: f"results/rl/{s}" for s in ("stage1", "stage2", "stage3")}
+    evals = {m: f"results/eval/{m}" for m in config["evaluate"]["models"]}
+    return as_json({"rl_stages": stages, "eval": evals, "rl_data": "results/rl_data"})

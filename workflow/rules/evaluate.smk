@@ -1,0 +1,51 @@
+# Evaluation with the training agent loop and grader (paper §5.1), then the report.
+
+
+wildcard_constraints:
+    model="|".join(MODEL_DIRS),
+
+
+rule evaluate:
+    input:
+        model_manifest,
+    output:
+        "results/eval/{model}/manifest.json",
+    params:
+        p=evaluate_params(),
+        model_dir=model_dir,
+    conda:
+        "../../envs/rstar2.yaml"
+    log:
+        "logs/evaluate_{model}.log",
+    benchmark:
+        "benchmarks/evaluate_{model}.tsv"
+    threads: 2
+    shell:
+        "rstar2 evaluate --params {params.p:q} --name {wildcards.model} --model {params.model_dir}"
+        " --out results/eval/{wildcards.model} 2>&1 | tee {log}"
+
+
+rule report:
+    input:
+        expand("results/eval/{model}/manifest.json", model=config["evaluate"]["models"]),
+        expand("results/rl/{stage}/manifest.json", stage=["stage1", "stage2", "stage3"]),
+        "results/rl_data/manifest.json",
+    output:
+        "results/report/manifest.json",
+        report(
+            "results/report/training_curves.png",
+            caption="../report/training_curves.rst",
+            category="Training",
+        ),
+        report("results/report/eval.png", caption="../report/eval.rst", category="Evaluation"),
+        report("results/report/funnel.png", caption="../report/funnel.rst", category="Data"),
+    params:
+        p=as_json({"paper_table": "rstar2-agent-14b"}),
+        inputs=report_inputs(),
+    conda:
+        "../../envs/rstar2.yaml"
+    log:
+        "logs/report.log",
+    threads: 1
+    shell:
+        "rstar2 report --params {params.p:q} --inputs {params.inputs:q} --out results/report 2>&1 | tee {log}"

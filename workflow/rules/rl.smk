@@ -1,0 +1,61 @@
+# Multi-stage RL with GRPO-RoC (paper §2.2, §4.3): each stage starts from the previous stage's model.
+
+
+rule rl_stage1:
+    input:
+        "results/sft/manifest.json",
+        "results/rl_data/manifest.json",
+    output:
+        "results/rl/stage1/manifest.json",
+    params:
+        p=rl_params("stage1"),
+    conda:
+        "../../envs/rstar2.yaml"
+    log:
+        "logs/rl_stage1.log",
+    benchmark:
+        "benchmarks/rl_stage1.tsv"
+    threads: 2
+    shell:
+        "rstar2 rl --params {params.p:q} --model results/sft/model"
+        " --data results/rl_data/train.jsonl --out results/rl/stage1 2>&1 | tee {log}"
+
+
+rule rl_stage2:
+    input:
+        "results/rl/stage1/manifest.json",
+        "results/rl_data/manifest.json",
+    output:
+        "results/rl/stage2/manifest.json",
+    params:
+        p=rl_params("stage2"),
+    conda:
+        "../../envs/rstar2.yaml"
+    log:
+        "logs/rl_stage2.log",
+    benchmark:
+        "benchmarks/rl_stage2.tsv"
+    threads: 2
+    shell:
+        "rstar2 rl --params {params.p:q} --model results/rl/stage1/model"
+        " --data results/rl_data/train.jsonl --out results/rl/stage2 2>&1 | tee {log}"
+
+
+rule rl_stage3:
+    input:
+        "results/rl/stage2/manifest.json",
+        "results/hard_problems/manifest.json",
+    output:
+        "results/rl/stage3/manifest.json",
+    params:
+        p=rl_params("stage3"),
+    conda:
+        "../../envs/rstar2.yaml"
+    log:
+        "logs/rl_stage3.log",
+    benchmark:
+        "benchmarks/rl_stage3.tsv"
+    threads: 2
+    shell:
+        "rstar2 rl --params {params.p:q} --model results/rl/stage2/model"
+        " --data results/hard_problems/hard.jsonl --out results/rl/stage3 2>&1 | tee {log}"
