@@ -70,7 +70,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
         output_dir=str(out / "trainer_scratch"), use_cpu=True, bf16=False, seed=params["seed"],
         num_train_epochs=params["epochs"], learning_rate=params["learning_rate"],
         per_device_train_batch_size=params["batch_size"], gradient_accumulation_steps=params.get("grad_accum", 1),
-        lr_scheduler_type="cosine", warmup_ratio=params.get("warmup_ratio", 0.04), max_length=None,
+        lr_scheduler_type="cosine", warmup_steps=float(params.get("warmup_ratio", 0.04)), max_length=None,
         logging_steps=1, save_strategy="no", report_to=[], packing=False,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),

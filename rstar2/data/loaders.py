@@ -1,0 +1,294 @@
+"""Load a problem/answer dataset described by a small spec dict into uniform rows.
+
+A spec says where the file is and which columns hold the problem, the gold answer and (optionally) an id, so
+a custom dataset with other column names plugs in through config alone (case P04). Every schema problem is
+reported up front, before any model is loaded, naming the dataset, the file, the row and the field.
+
+Spec keys::
+
+    name              str, required, non-empty; becomes row["source"] and the id prefix
+    path              file path, relative to base_dir or absolute; or "hub:<repo id>" for datasets.load_dataset
+    format            optional "jsonl" | "json" | "parquet" | "csv"; else inferred from the extension
+    fields            {"problem": col, "answer": col, "id": optional col}; dotted paths reach into nested
+                      values ("reward_model.ground_truth", "prompt.0.content")
+    filters           optional {col: value} keeps rows whose col equals value (a list value means "one of")
+    limit             optional int: keep the first N rows that pass the filters
+    answer_from_boxed optional bool: the gold is the last \\boxed{...} inside the answer field (MATH solutions)
+    answer_after      optional str: the gold is the text after the last occurrence of this marker
+                      (GSM8K: "####")
+    on_missing        optional "error" (default) | "drop": what to do with rows whose problem/answer value is
+                      null. "drop" keeps them with answer_raw=None so curation counts them as "no_answer".
+                      A field absent from *every* row is always an error.
+    config, split     optional, hub only: passed to datasets.load_dataset (split defaults to "train")
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rstar2.data.answers import last_boxed
+
+# Relative dataset paths start at the working directory: the folder snakemake runs in.
+REPO_ROOT = Path(".")
+HUB_PREFIX = "hub:"
+_EXTENSION_FORMATS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+_MISSING = object()  # sentinel: a dotted path that does not resolve (absent key, null, NaN)
+_MAX_LISTED_ROWS = 5
+
+# The RL training candidates bundled under data/rl/ (see each folder's SOURCE.md). Order matters: dedupe keeps
+# the first copy of a problem, so the sources with the most trustworthy labels come first. DAPO holds most of the
+# historical AIME and many MATH problems, and a few of its copies carry placeholder golds ("-1" for an AIME p+q
+# problem whose answer is 913), so AIME and MATH go before it.
+BUNDLED_SOURCES: list[dict] = [
+    {"name": "aime_1983_2023", "path": "data/rl/aime_1983_2023/aime_1983_2023.json",
+     "fields": {"problem": "problem", "answer": "answer"}},
+    {"name": "math_train", "path": "data/rl/math_train/math_train_deepscaler.json",
+     # two upstream rows have a null answer; count them as drops instead of failing the whole stage.
+     "fields": {"problem": "problem", "answer": "answer"}, "on_missing": "drop"},
+    {"name": "dapo_math_17k", "path": "data/rl/dapo_math_17k/dapo_math_17k.parquet",
+     # verl format: prompt is a one-message chat list; the rStar2 recipe trains on the English subset.
+     "fields": {"problem": "prompt", "answer": "reward_model.ground_truth", "id": "extra_info.index"},
+     "filters": {"lang": "en"}},
+    {"name": "gsm8k_train", "path": "data/rl/gsm8k/train.jsonl",
+     "fields": {"problem": "question", "answer": "answer"}, "answer_after": "####"},
+]
+
+
+def load_source(spec: dict, base_dir: Path | str = REPO_ROOT) -> list[dict]:
+    """Read one dataset into rows ``{"id", "source", "problem", "answer_raw"}``.
+
+    ``answer_raw`` is the gold as text (numbers are stringified: 27.0 -> "27.0"), or None when the row has no
+    gold (null with ``on_missing="drop"``, or no ``\\boxed{}`` / marker found). ``id`` is ``"<name>-<id value>"``,
+    or ``"<name>-<0-based row index in the file>"`` when ``fields.id`` is not given.
+
+    Raises:
+        FileNotFoundError: the file does not exist (message names the dataset).
+        ValueError: bad spec; a field or filter column missing (names dataset, file, row index, field and the
+            available columns); a problem that is neither text nor chat messages; duplicate ids.
+    """
+    name = _dataset_name(spec)
+    fields = _field_map(spec, name)
+    frame, where = read_table(spec, base_dir)
+    context = _Context(name=name, where=where, columns=[str(c) for c in frame.columns])
+    records = frame.to_dict("records")
+
+    keep = _filtered_indices(records, spec.get("filters") or {}, context)
+    if spec.get("limit") is not None:
+        keep = keep[: int(spec["limit"])]
+
+    on_missing = spec.get("on_missing", "error")
+    if on_missing not in ("error", "drop"):
+        raise ValueError(f"dataset '{name}': on_missing must be 'error' or 'drop', got {on_missing!r}")
+    values = {role: [_resolve(records[i], col) for i in keep] for role, col in fields.items()}
+    # Report every missing field at once (sorted by first bad row), so one run shows the whole schema problem.
+    missing = [p for role, col in fields.items()
+                if (p := _missing_field(values[role], keep, role, col,
+                                        strict=(on_missing == "error" or role == "id")))]
+    if missing:
+        raise context.error("; ".join(message for _, message in sorted(missing)))
+
+    rows = [_make_row(i, values, k, spec, context) for k, i in enumerate(keep)]
+    _check_unique_ids(rows, context)
+    return rows
+
+
+def resolve_path(spec: dict, base_dir: Path | str = REPO_ROOT) -> str:
+    """The path a spec reads, absolute (or the ``hub:`` id unchanged), for manifests' ``inputs``."""
+    path = str(spec["path"])
+    if path.startswith(HUB_PREFIX):
+        return path
+    p = Path(path)
+    return str(p if p.is_absolute() else Path(base_dir) / p)
+
+
+def read_table(spec: dict, base_dir: Path | str = REPO_ROOT) -> tuple[pd.DataFrame, str]:
+    """Read the spec's file into a DataFrame, keeping values raw (no dtype guessing: "042" stays "042").
+
+    Returns:
+        (frame, where): ``where`` is the resolved path or hub id, for error messages.
+    """
+    name = _dataset_name(spec)
+    if "path" not in spec:
+        raise ValueError(f"dataset '{name}': spec has no 'path'")
+    where = resolve_path(spec, base_dir)
+    if where.startswith(HUB_PREFIX):
+        return _read_hub(spec, where[len(HUB_PREFIX):]), where
+    path = Path(where)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset '{name}': file not found: {path}")
+    fmt = spec.get("format") or _EXTENSION_FORMATS.get(path.suffix.lower())
+    if fmt == "parquet":
+        return pd.read_parquet(path), where
+    if fmt == "csv":
+        # dtype=str + keep_default_na=False: "NA", "None", "042" stay text; only an empty cell is missing.
+        return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]), where
+    if fmt in ("json", "jsonl"):
+        # A ".json" file may hold JSON Lines (BFCL does this); decide by the first character.
+        lines = fmt == "jsonl" or _first_char(path) != "["
+        # dtype=False: no type guessing ("025" stays text) and, in pandas >= 3, no date conversion either.
+        return pd.read_json(path, lines=lines, dtype=False), where
+    raise ValueError(f"dataset '{name}': cannot infer the format of {path}; set spec['format'] to one of "
+                     f"jsonl, json, parquet, csv")
+
+
+def _read_hub(spec: dict, repo_id: str) -> pd.DataFrame:
+    """Load from the Hugging Face hub. Needs network access; never called in tests."""
+    import datasets  # imported lazily: heavy, and only this path needs it
+
+    ds = datasets.load_dataset(repo_id, spec.get("config"), split=spec.get("split", "train"))
+    return ds.to_pandas()
+
+
+def _first_char(path: Path) -> str:
+    with open(path, encoding="utf-8") as f:
+        while True:
+            chunk = f.read(4096)
+            if not chunk:
+                return ""
+            stripped = chunk.lstrip()
+            if stripped:
+                return stripped[0]
+
+
+class _Context:
+    """What every error message needs: dataset name, file and the available columns."""
+
+    def __init__(self, name: str, where: str, columns: list[str]):
+        self.name, self.where, self.columns = name, where, columns
+
+    def error(self, message: str) -> ValueError:
+        return ValueError(f"dataset '{self.name}' (file {self.where}): {message}; "
+                          f"available columns: {self.columns}")
+
+
+def _dataset_name(spec: dict) -> str:
+    name = spec.get("name")
+    if not isinstance(name, str) or not name.strip():
+        # An empty data_source used to surface much later as "Reward function is not implemented" (P04).
+        raise ValueError(f"dataset spec needs a non-empty 'name' (got {name!r}) for path {spec.get('path')!r}")
+    return name
+
+
+def _field_map(spec: dict, name: str) -> dict[str, str]:
+    fields = spec.get("fields") or {}
+    missing = [role for role in ("problem", "answer") if not fields.get(role)]
+    if missing:
+        raise ValueError(f"dataset '{name}': spec['fields'] must name the column for {missing} "
+                         f"(got {fields!r})")
+    unknown = set(fields) - {"problem", "answer", "id"}
+    if unknown:
+        raise ValueError(f"dataset '{name}': unknown keys in spec['fields']: {sorted(unknown)}")
+    return {role: str(col) for role, col in fields.items() if col}
+
+
+def _resolve(record: dict, path: str) -> Any:
+    """Value at a dotted path; ``_MISSING`` if any step is absent or null.
+
+    An exact column name wins over the dotted reading, so a flat column literally called "a.b" still works.
+    Integer steps index into lists ("prompt.0.content").
+    """
+    if path in record:
+        return _MISSING if _is_null(record[path]) else record[path]
+    value: Any = record
+    for step in path.split("."):
+        if isinstance(value, dict) and step in value:
+            value = value[step]
+        elif isinstance(value, (list, tuple, np.ndarray)) and step.lstrip("-").isdigit() \
+                and -len(value) <= int(step) < len(value):
+            value = value[int(step)]
+        else:
+            return _MISSING
+        if _is_null(value):
+            return _MISSING
+    return value
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or value is _MISSING or (isinstance(value, float) and math.isnan(value))
+
+
+def _filtered_indices(records: list[dict], filters: dict, context: _Context) -> list[int]:
+    keep = list(range(len(records)))
+    for col, wanted in filters.items():
+        got = [_resolve(records[i], col) for i in keep]
+        if keep and all(v is _MISSING for v in got):
+            raise context.error(f"filter column '{col}' is missing in every row")
+        allowed = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+        keep = [i for i, v in zip(keep, got) if v is not _MISSING and v in allowed]
+    return keep
+
+
+def _missing_field(values: list, keep: list[int], role: str, col: str,
+                   strict: bool) -> tuple[int, str] | None:
+    """(first bad row, message) if the field is absent in every row, or (when ``strict``) in any row."""
+    missing_rows = [keep[k] for k, v in enumerate(values) if v is _MISSING]
+    if not missing_rows or (not strict and len(missing_rows) < len(values)):
+        return None
+    listed = ", ".join(map(str, missing_rows[:_MAX_LISTED_ROWS]))
+    more = " ..." if len(missing_rows) > _MAX_LISTED_ROWS else ""
+    return missing_rows[0], (f"row {missing_rows[0]}: missing field '{col}' (spec fields.{role}; "
+                             f"{len(missing_rows)} of {len(values)} rows lack it: 0-based rows {listed}{more})")
+
+
+def _make_row(index: int, values: dict[str, list], k: int, spec: dict, context: _Context) -> dict:
+    problem = _problem_text(values["problem"][k], index, spec["fields"]["problem"], context)
+    id_value = values["id"][k] if "id" in values else index
+    return {
+        "id": f"{context.name}-{_as_text(id_value)}",
+        "source": context.name,
+        "problem": problem,
+        "answer_raw": _gold_text(values["answer"][k], spec),
+    }
+
+
+def _problem_text(value: Any, index: int, col: str, context: _Context) -> str | None:
+    """Problem as text. A chat list (verl ``prompt``) gives the content of its last user message."""
+    if value is _MISSING:
+        return None
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, (list, tuple, np.ndarray)):
+        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        if users and isinstance(users[-1], str):
+            return users[-1].strip()
+        raise context.error(f"row {index}: field '{col}' is a list but has no user message with text content")
+    if isinstance(value, dict):
+        raise context.error(f"row {index}: field '{col}' is an object, expected text or chat messages "
+                            f"(did you mean a nested path like '{col}.content'?)")
+    return _as_text(value)
+
+
+def _gold_text(value: Any, spec: dict) -> str | None:
+    if value is _MISSING:
+        return None
+    text = _as_text(value)
+    if spec.get("answer_from_boxed"):
+        return last_boxed(text)
+    marker = spec.get("answer_after")
+    if marker:
+        return text.rsplit(marker, 1)[1].strip() if marker in text else None
+    return text
+
+
+def _as_text(value: Any) -> str:
+    """Stringify a raw value. Floats use repr so 27.0 stays "27.0" (the normaliser decides what it means)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        value = value.item()
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _check_unique_ids(rows: list[dict], context: _Context) -> None:
+    seen: set[str] = set()
+    for row in rows:
+        if row["id"] in seen:
+            raise context.error(f"duplicate id {row['id']!r}; fix fields.id or drop it to use row indices")
+        seen.add(row["id"])

@@ -1,0 +1,320 @@
+"""Tests for rstar2.data (loaders, integer answers, curation, benchmarks) and the rl_data stage. All fast (CPU)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rstar2.data import (BUNDLED_SOURCES, DEFAULT_BENCHMARKS, REPO_ROOT, classify_integer_answer, curate,
+                         last_boxed, load_benchmark, load_source, normalize_integer_answer)
+from rstar2.io import read_json, read_jsonl
+from rstar2.stages import rl_data
+
+# ----------------------------------------------------------------------------------------------------------
+# normalize_integer_answer: every rule in its docstring
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("12", 12), ("-7", -7), ("+3", 3),
+    ("042", 42), ("-0", 0), ("000", 0),
+    ("1,000", 1000), ("12,345,678", 12345678), ("1{,}000", 1000), ("1\\,000", 1000), ("112,\\!875", 112875),
+    ("1{,}008{,}016", 1008016),
+    ("27.0", 27), ("10.00", 10), ("27.", 27), ("1,000.0", 1000),
+    ("\\boxed{12}", 12), ("\\fbox{12}", 12), ("\\text{12}", 12), ("\\textbf{7}", 7), ("\\mathbf{2340}", 2340),
+    ("\\mathrm{5}", 5), ("\\textrm{5}", 5), ("\\displaystyle 9", 9), ("{12}", 12),
+    ("$12$", 12), ("$$12$$", 12), ("\\(12\\)", 12), ("\\[12\\]", 12), ("$\\boxed{12}$", 12),
+    ("\\boxed{\\text{12}}.", 12),
+    ("\u221212", -12), ("$\u22125$", -5),
+    ("  12  ", 12), ("\n12\t", 12), ("- 5", -5), ("12.", 12), ("\\boxed{12}.", 12),
+    ("73^\\circ", 73), ("50^{\\circ}", 50), ("30°", 30), ("30^\\circ.", 30),
+    ("\\$42409", 42409), ("\\$ 1500", 1500), ("\\$1,\\!657", 1657),
+    (60, 60), (27.0, 27),
+])
+def test_integer_answers_accepted(raw, expected):
+    assert normalize_integer_answer(raw) == expected
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (None, "no_answer"), ("", "no_answer"), ("   ", "no_answer"), (float("nan"), "no_answer"),
+    ("3.5", "non_integer_number"), ("0.20", "non_integer_number"), (".3", "non_integer_number"),
+    ("\\frac{1}{2}", "non_integer_number"), ("\\dfrac{4}{2}", "non_integer_number"),
+    ("-5/4", "non_integer_number"), (3.5, "non_integer_number"), ("\\$ 251.60", "non_integer_number"),
+    ("0,1", "tuple_or_list"), ("12,34", "tuple_or_list"), ("3, 5, 7", "tuple_or_list"), ("(0,1)", "tuple_or_list"),
+    ("0,100", "tuple_or_list"), ("1,0000", "tuple_or_list"), ("5,\\,-11", "tuple_or_list"),
+    ("\\{4,5,7\\}", "tuple_or_list"),
+    ("2^{10}", "not_a_number"), ("3\\sqrt2", "not_a_number"), ("2^{100} - 2", "not_a_number"),
+    ("1e5", "not_a_number"), ("12_5", "not_a_number"), ("24_{10}", "not_a_number"),
+    ("x=5", "not_a_number"), ("AB=9, CD=4", "not_a_number"), ("does not exist", "not_a_number"),
+    ("20\\%", "not_a_number"), ("\\boxed{1}, \\boxed{2}", "not_a_number"), ("$1$ and $2$", "not_a_number"),
+    ("\\text{(C)}", "not_a_number"), ("1 000", "tuple_or_list"), (True, "not_a_number"),
+])
+def test_integer_answers_rejected(raw, reason):
+    assert normalize_integer_answer(raw) is None
+    assert classify_integer_answer(raw) == (None, reason)
+
+
+def test_max_abs_is_inclusive_and_applies_to_negatives():
+    assert normalize_integer_answer("1000", max_abs=1000) == 1000
+    assert normalize_integer_answer("-1000", max_abs=1000) == -1000
+    assert normalize_integer_answer("1001", max_abs=1000) is None
+    assert classify_integer_answer("-1,001", max_abs=1000) == (None, "too_large")
+    assert classify_integer_answer(str(10**19)) == (None, "too_large")  # default max_abs is 10**18
+
+
+def test_last_boxed():
+    assert last_boxed("first \\boxed{1}, then \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"
+    assert last_boxed("so \\boxed 5.") == "5"
+    assert last_boxed("no box here") is None
+    assert last_boxed(None) is None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Case G06: commas and tuples
+
+
+def test_g06_commas_only_as_thousands_groups():
+    # Golds from the case: "1,000" / "1{,}000" are 1000; "0,1" stays a tuple (never "01" or 1); "12,34" is not 1234.
+    assert normalize_integer_answer("1,000") == 1000
+    assert normalize_integer_answer("1{,}000") == 1000
+    assert normalize_integer_answer("0,1") is None
+    assert normalize_integer_answer("12,34") is None
+    assert normalize_integer_answer("3, 5, 7") is None
+    assert normalize_integer_answer("\\boxed{1,000}") == 1000
+    assert normalize_integer_answer("\\boxed{12,34}") is None
+
+
+def test_g06_tuple_golds_are_dropped_not_fused_by_curation(tmp_path):
+    csv = tmp_path / "g06.csv"
+    pd.DataFrame({"q": [f"Problem number {i} about commas." for i in range(5)],
+                  "gold": ["0,1", "1,000", "1{,}000", "12,34", "3,5,7"]}).to_csv(csv, index=False)
+    rows, funnel = curate([{"name": "g06", "path": str(csv), "fields": {"problem": "q", "answer": "gold"}}],
+                          {}, max_abs_answer=10**9)
+    assert [(r["answer_raw"], r["answer"]) for r in rows] == [("1,000", "1000"), ("1{,}000", "1000")]
+    assert funnel["drops"] == {"tuple_or_list": 3}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Case P04: custom dataset with missing or renamed fields
+
+P04_ROWS = [
+    {"prompt": [{"role": "user", "content": "What is 2+3?"}], "data_source": "",
+     "reward_model": {"ground_truth": "5"}},
+    {"prompt": [{"role": "user", "content": "What is 2+3?"}], "answer": "5"},
+    {"problem": "What is 2+3?", "solution": "Adding gives \\boxed{5}."},
+]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_p04_missing_nested_field_fails_up_front_naming_rows(tmp_path):
+    path = _write_jsonl(tmp_path / "p04.jsonl", P04_ROWS)
+    spec = {"name": "p04_verl", "path": str(path),
+            "fields": {"problem": "prompt", "answer": "reward_model.ground_truth"}}
+    with pytest.raises(ValueError) as err:
+        load_source(spec)
+    msg = str(err.value)
+    assert "p04_verl" in msg and str(path) in msg
+    assert "row 1: missing field 'reward_model.ground_truth'" in msg and "rows 1, 2" in msg
+    assert "row 2: missing field 'prompt'" in msg
+    assert "available columns" in msg and "solution" in msg
+
+
+def test_p04_empty_dataset_name_is_rejected(tmp_path):
+    path = _write_jsonl(tmp_path / "p04.jsonl", P04_ROWS[:1])
+    with pytest.raises(ValueError, match="non-empty 'name'"):
+        load_source({"name": "", "path": str(path), "fields": {"problem": "prompt", "answer": "answer"}})
+
+
+def test_p04_each_row_loads_through_an_explicit_mapping(tmp_path):
+    row0 = load_source({"name": "verl", "path": str(_write_jsonl(tmp_path / "a.jsonl", P04_ROWS[:1])),
+                        "fields": {"problem": "prompt", "answer": "reward_model.ground_truth"}})
+    row1 = load_source({"name": "flat", "path": str(_write_jsonl(tmp_path / "b.jsonl", P04_ROWS[1:2])),
+                        "fields": {"problem": "prompt.0.content", "answer": "answer"}})
+    spec2 = {"name": "math_style", "path": str(_write_jsonl(tmp_path / "c.jsonl", P04_ROWS[2:])),
+             "fields": {"problem": "problem", "answer": "solution"}}
+    row2 = load_source({**spec2, "answer_from_boxed": True})
+    for rows in (row0, row1, row2):
+        assert [(r["problem"], r["answer_raw"]) for r in rows] == [("What is 2+3?", "5")]
+    # Without the explicit boxed mapping the solution text is not a gold: curation drops it, never guesses.
+    rows, funnel = curate([spec2], {}, max_abs_answer=1000)
+    assert rows == [] and funnel["drops"] == {"not_a_number": 1}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loader: custom files, formats, errors
+
+
+def test_custom_csv_with_other_column_names_through_a_spec(tmp_path):
+    csv = tmp_path / "custom.csv"
+    pd.DataFrame({
+        "Question": ["How many sides does a hexagon have? Count them all carefully.",
+                     "Compute one thousand written with a comma, as in the usual style.",
+                     "Ce problème est en français et doit être filtré.",
+                     "What is one half as a fraction in lowest terms please?"],
+        "Gold": ["006", "1,000", "7", "\\frac{1}{2}"],
+        "uid": ["a", "b", "c", "d"],
+        "language": ["en", "en", "fr", "en"],
+    }).to_csv(csv, index=False)
+    spec = {"name": "custom", "path": str(csv), "fields": {"problem": "Question", "answer": "Gold", "id": "uid"},
+            "filters": {"language": "en"}}
+    loaded = load_source(spec)
+    assert [r["id"] for r in loaded] == ["custom-a", "custom-b", "custom-d"]
+    assert loaded[0]["answer_raw"] == "006"  # read as text: no dtype guessing turns "006" into 6
+    out = tmp_path / "out"
+    rl_data.run({"sources": [spec], "decontaminate_against": ["aime24"], "ngram": 8, "max_abs_answer": 10**6,
+                 "seed": 0}, str(out))
+    train = read_jsonl(out / "train.jsonl")
+    assert [(r["id"], r["answer"]) for r in train] == [("custom-a", "6"), ("custom-b", "1000")]
+    assert (out / "funnel.csv").read_text().splitlines()[0] == "source,loaded,integer_answer,dedupe,decontaminate"
+    manifest = read_json(out / "manifest.json")
+    assert manifest["stage"] == "rl_data" and manifest["counts"]["rows"] == 2
+    assert str(csv) in manifest["inputs"]
+    assert read_json(out / "funnel.json")["drops"] == {"non_integer_number": 1}
+
+
+def test_missing_field_error_names_dataset_file_row_and_field(tmp_path):
+    csv = tmp_path / "renamed.csv"
+    pd.DataFrame({"question": ["What is 1+1?"], "gold": ["2"]}).to_csv(csv, index=False)
+    with pytest.raises(ValueError) as err:
+        load_source({"name": "renamed", "path": str(csv), "fields": {"problem": "question", "answer": "answer"}})
+    msg = str(err.value)
+    for part in ("dataset 'renamed'", str(csv), "row 0", "missing field 'answer'", "['question', 'gold']"):
+        assert part in msg, (part, msg)
+
+
+def test_null_values_error_by_default_and_count_as_drops_with_on_missing_drop(tmp_path):
+    path = _write_jsonl(tmp_path / "nulls.jsonl", [{"q": "What is one plus one, in total?", "a": "2"},
+                                                   {"q": "What is two plus two, in total?", "a": None}])
+    spec = {"name": "nulls", "path": str(path), "fields": {"problem": "q", "answer": "a"}}
+    with pytest.raises(ValueError, match="row 1: missing field 'a'"):
+        load_source(spec)
+    rows, funnel = curate([{**spec, "on_missing": "drop"}], {}, max_abs_answer=10)
+    assert [r["answer"] for r in rows] == ["2"] and funnel["drops"] == {"no_answer": 1}
+
+
+def test_missing_file_names_the_dataset(tmp_path):
+    with pytest.raises(FileNotFoundError, match="dataset 'ghost'"):
+        load_source({"name": "ghost", "path": str(tmp_path / "nope.jsonl"),
+                     "fields": {"problem": "p", "answer": "a"}})
+
+
+def test_missing_filter_column_is_an_error(tmp_path):
+    path = _write_jsonl(tmp_path / "x.jsonl", [{"p": "x", "a": "1"}])
+    with pytest.raises(ValueError, match="filter column 'lang'"):
+        load_source({"name": "x", "path": str(path), "fields": {"problem": "p", "answer": "a"},
+                     "filters": {"lang": "en"}})
+
+
+def test_json_array_json_lines_in_a_json_file_parquet_and_limit(tmp_path):
+    rows = [{"p": f"problem {i}", "a": f"00{i}"} for i in range(4)]
+    (tmp_path / "arr.json").write_text(json.dumps(rows))
+    _write_jsonl(tmp_path / "lines.json", rows)
+    pd.DataFrame(rows).to_parquet(tmp_path / "t.parquet")
+    fields = {"problem": "p", "answer": "a"}
+    for name in ("arr.json", "lines.json", "t.parquet"):
+        got = load_source({"name": "n", "path": name, "fields": fields, "limit": 3}, base_dir=tmp_path)
+        assert [(r["id"], r["answer_raw"]) for r in got] == [("n-0", "000"), ("n-1", "001"), ("n-2", "002")]
+    with pytest.raises(ValueError, match="cannot infer the format"):
+        (tmp_path / "x.txt").write_text("")
+        load_source({"name": "n", "path": "x.txt", "fields": fields}, base_dir=tmp_path)
+
+
+def test_duplicate_ids_are_an_error(tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [{"i": 1, "p": "x", "a": "1"}, {"i": 1, "p": "y", "a": "2"}])
+    with pytest.raises(ValueError, match="duplicate id 'd-1'"):
+        load_source({"name": "d", "path": str(path), "fields": {"problem": "p", "answer": "a", "id": "i"}})
+
+
+def test_bundled_dapo_parquet_nested_fields_and_language_filter():
+    rows = load_source(next(s for s in BUNDLED_SOURCES if s["name"] == "dapo_math_17k"))
+    assert len(rows) == 14485  # English subset (SOURCE.md)
+    assert rows[0]["id"] == "dapo_math_17k-0" and rows[0]["answer_raw"] == "34"
+    assert rows[0]["problem"].startswith("In triangle $ABC$")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Benchmarks
+
+
+def test_benchmarks_load_with_canonical_integer_answers():
+    sizes = {name: len(load_benchmark(name)) for name in DEFAULT_BENCHMARKS}
+    assert sizes == {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500}
+    aime24 = load_benchmark("aime24", DEFAULT_BENCHMARKS["aime24"])
+    assert all(r["answer"] == str(int(r["answer"])) for r in aime24)  # "025" -> "25"
+    assert {"id", "problem", "answer"} <= set(aime24[0])
+    amc = load_benchmark("amc23")
+    assert amc[0]["answer"] == "27" and amc[0]["answer_raw"] == "27.0"
+    math500 = {r["id"]: r["answer"] for r in load_benchmark("math500")}
+    assert math500["math500-test/precalculus/807.json"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Full curation on the bundled pool: decontamination checked independently
+
+
+def _independent_8grams(text: str) -> set[tuple[str, ...]]:
+    # Same definition as the spec (lowercase, every non-alphanumeric char is a separator), written differently:
+    # str.isalnum per character instead of a regex, raw tuples instead of hashes.
+    words = "".join(ch if ch.isalnum() else " " for ch in text.lower()).split()
+    return {tuple(words[i:i + 8]) for i in range(len(words) - 7)}
+
+
+def test_full_curation_is_decontaminated_against_all_benchmarks():
+    bench_files = {"aime24": "data/eval/aime24/test.jsonl", "aime25": "data/eval/aime25/aime_2025.jsonl",
+                   "amc23": "data/eval/amc23/test.jsonl", "math500": "data/eval/math500/test.jsonl"}
+    bench_grams: set[tuple[str, ...]] = set()
+    for rel in bench_files.values():
+        with open(REPO_ROOT / rel, encoding="utf-8") as f:
+            for line in f:
+                bench_grams |= _independent_8grams(json.loads(line)["problem"])
+
+    t0 = time.time()
+    benchmarks = {name: load_benchmark(name) for name in bench_files}
+    rows, funnel = curate(BUNDLED_SOURCES, benchmarks, ngram=8, max_abs_answer=10**9)
+    wall = time.time() - t0
+    print(f"\ncurate on the bundled pool: {funnel['total']['loaded']} -> {len(rows)} rows in {wall:.2f}s")
+    assert wall < 60
+
+    leaked = [r["id"] for r in rows if _independent_8grams(r["problem"]) & bench_grams]
+    assert leaked == []
+    assert all(funnel["decontamination"][b] > 0 for b in bench_files)  # each benchmark did remove something
+
+    # Output shape and invariants.
+    assert len({r["id"] for r in rows}) == len(rows)
+    assert len({" ".join(r["problem"].lower().split()) for r in rows}) == len(rows)
+    assert all(r["answer"] == str(int(r["answer"])) and abs(int(r["answer"])) <= 10**9 for r in rows)
+    assert set(rows[0]) == {"id", "source", "problem", "answer", "answer_raw"}
+    # Funnel bookkeeping: counts never grow, totals add up, every drop has a reason.
+    for src, per_step in funnel["per_source"].items():
+        counts = [per_step[s] for s in funnel["steps"]]
+        assert counts == sorted(counts, reverse=True), src
+    assert sum(funnel["drops"].values()) == funnel["total"]["loaded"] - len(rows)
+    assert funnel["total"]["decontaminate"] == len(rows)
+
+
+def test_rl_data_limit_is_a_seeded_sample(tmp_path):
+    csv = tmp_path / "many.csv"
+    pd.DataFrame({"q": [f"Distinct problem number {i} of the set." for i in range(50)],
+                  "a": [str(i) for i in range(50)]}).to_csv(csv, index=False)
+    params = {"sources": [{"name": "many", "path": str(csv), "fields": {"problem": "q", "answer": "a"}}],
+              "decontaminate_against": [], "max_abs_answer": 100, "limit": 10, "seed": 3}
+    rl_data.run(params, str(tmp_path / "a"))
+    rl_data.run(params, str(tmp_path / "b"))
+    a, b = read_jsonl(tmp_path / "a" / "train.jsonl"), read_jsonl(tmp_path / "b" / "train.jsonl")
+    assert a == b and len(a) == 10
+    assert [r["id"] for r in a] != [f"many-{i}" for i in range(10)]  # shuffled, not the head
+    funnel = read_json(tmp_path / "a" / "funnel.json")
+    assert funnel["steps"][-1] == "limit" and funnel["drops"]["over_limit"] == 40
+
+
+def test_rl_data_rejects_unknown_benchmark(tmp_path):
+    with pytest.raises(ValueError, match="unknown benchmarks"):
+        rl_data.run({"sources": [{"name": "x", "path": "x.csv", "fields": {"problem": "p", "answer": "a"}}],
+                     "decontaminate_against": ["hmmt25"], "max_abs_answer": 10}, str(tmp_path))
