@@ -19,7 +19,9 @@ include: "workflow/rules/rl.smk"
 include: "workflow/rules/evaluate.smk"
 
 
+# Every stage's manifest is a target, so deleting any stage folder reruns that stage and what depends
+# on it (Snakemake does not otherwise regenerate a missing intermediate output).
 rule all:
     default_target: True
     input:
-        "results/report/manifest.json",
+        all_manifests(),

@@ -2,11 +2,16 @@
 # JSON in `params`, so editing one stage's settings reruns that stage and what depends on it, nothing else.
 
 import json
+import shlex
+import sys
 
 from snakemake.utils import validate
 
 
 validate(config, schema="../schemas/config.schema.yaml")
+
+# The stage CLI runs under the interpreter that runs snakemake, so an un-activated venv works too.
+RSTAR2 = f"{shlex.quote(sys.executable)} -m rstar2.cli"
 
 MODEL_DIRS = {
     "base": "results/base_model",
@@ -95,3 +100,10 @@ def report_inputs():
     stages = {s: f"results/rl/{s}" for s in ("stage1", "stage2", "stage3")}
     evals = {m: f"results/eval/{m}" for m in config["evaluate"]["models"]}
     return as_json({"rl_stages": stages, "eval": evals, "rl_data": "results/rl_data"})
+
+
+def all_manifests():
+    stages = ["base_model", "sft_data", "sft", "rl_data", "rl/stage1", "rl/stage2", "hard_problems",
+              "rl/stage3", "report"]
+    evals = [f"eval/{m}" for m in config["evaluate"]["models"]]
+    return [f"results/{s}/manifest.json" for s in stages + evals]

@@ -12,7 +12,7 @@ rule rl_data:
         "logs/rl_data.log",
     threads: 1
     shell:
-        "rstar2 rl-data --params {params.p:q} --out results/rl_data 2>&1 | tee {log}"
+        "{RSTAR2} rl-data --params {params.p:q} --out results/rl_data 2>&1 | tee {log}"
 
 
 rule hard_problems:
@@ -31,5 +31,5 @@ rule hard_problems:
         "benchmarks/hard_problems.tsv"
     threads: 2
     shell:
-        "rstar2 hard-problems --params {params.p:q} --model results/rl/stage2/model"
+        "{RSTAR2} hard-problems --params {params.p:q} --model results/rl/stage2/model"
         " --data results/rl_data/train.jsonl --out results/hard_problems 2>&1 | tee {log}"

@@ -21,7 +21,7 @@ rule evaluate:
         "benchmarks/evaluate_{model}.tsv"
     threads: 2
     shell:
-        "rstar2 evaluate --params {params.p:q} --name {wildcards.model} --model {params.model_dir}"
+        "{RSTAR2} evaluate --params {params.p:q} --name {wildcards.model} --model {params.model_dir}"
         " --out results/eval/{wildcards.model} 2>&1 | tee {log}"
 
 
@@ -48,4 +48,4 @@ rule report:
         "logs/report.log",
     threads: 1
     shell:
-        "rstar2 report --params {params.p:q} --inputs {params.inputs:q} --out results/report 2>&1 | tee {log}"
+        "{RSTAR2} report --params {params.p:q} --inputs {params.inputs:q} --out results/report 2>&1 | tee {log}"

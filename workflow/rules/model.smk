@@ -12,7 +12,7 @@ rule base_model:
         "logs/base_model.log",
     threads: 2
     shell:
-        "rstar2 base-model --params {params.p:q} --out results/base_model 2>&1 | tee {log}"
+        "{RSTAR2} base-model --params {params.p:q} --out results/base_model 2>&1 | tee {log}"
 
 
 rule sft_data:
@@ -26,7 +26,7 @@ rule sft_data:
         "logs/sft_data.log",
     threads: 2
     shell:
-        "rstar2 sft-data --params {params.p:q} --out results/sft_data 2>&1 | tee {log}"
+        "{RSTAR2} sft-data --params {params.p:q} --out results/sft_data 2>&1 | tee {log}"
 
 
 rule sft:
@@ -45,5 +45,5 @@ rule sft:
         "benchmarks/sft.tsv"
     threads: 2
     shell:
-        "rstar2 sft --params {params.p:q} --model results/base_model/model"
+        "{RSTAR2} sft --params {params.p:q} --model results/base_model/model"
         " --data results/sft_data/train.jsonl --out results/sft 2>&1 | tee {log}"
