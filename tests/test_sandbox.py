@@ -1,0 +1,61 @@
+import os
+import subprocess
+import time
+
+from rstar2.sandbox import SandboxLimits, execute, execute_many, render_result, truncate_middle
+
+FAST = SandboxLimits(timeout_s=2)
+
+
+def test_stdout_stdin_and_last_expression():
+    assert execute("print(6 * 7)").stdout == "42\n"
+    assert execute("n = int(input())\nprint(n * 2)", "21").stdout == "42\n"
+    res = execute("import sympy\nsympy.factorint(360)")
+    assert res.status == "ok" and res.stdout.strip() == "{2: 3, 3: 2, 5: 1}"
+
+
+def test_error_status_and_rendered_text():
+    res = execute("1/0")
+    assert res.status == "error" and res.exit_code == 1 and "ZeroDivisionError" in res.stderr
+    assert "ZeroDivisionError" in render_result(res)
+    assert execute("n = int(input())").status == "error"  # EOF at once, no hang
+
+
+def test_timeout_kills_whole_process_group_in_time():
+    code = ("import subprocess, os\nsubprocess.Popen(['sleep', '600'])\n"
+            "try:\n    while True: pass\nexcept BaseException:\n    while True: pass")
+    t0 = time.time()
+    res = execute(code, limits=FAST)
+    assert res.status == "timeout" and time.time() - t0 < FAST.timeout_s + 1
+    time.sleep(0.2)
+    left = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True).stdout.split()
+    assert left == []
+
+
+def test_memory_and_output_limits():
+    assert execute("x = bytearray(64 * 1024**3)", limits=FAST).status == "memory"
+    res = execute("print('x' * 50_000_000)", limits=FAST)
+    assert res.status == "output-limit" and len(res.stdout) <= FAST.max_output_bytes
+
+
+def test_environment_is_scrubbed_and_cwd_private():
+    os.environ["RSTAR2_SECRET_TOKEN"] = "hunter2"
+    try:
+        res = execute("import os\nprint(sorted(os.environ))\nprint(os.listdir('.'))")
+    finally:
+        del os.environ["RSTAR2_SECRET_TOKEN"]
+    assert "RSTAR2_SECRET_TOKEN" not in res.stdout and "hunter2" not in res.stdout
+    assert "data" not in res.stdout and "results" not in res.stdout
+
+
+def test_many_calls_run_concurrently_in_order():
+    t0 = time.time()
+    out = execute_many([("import time\ntime.sleep(0.5)\nprint(%d)" % i, "") for i in range(8)], max_workers=8)
+    assert [r.stdout.strip() for r in out] == [str(i) for i in range(8)]
+    assert time.time() - t0 < 3.0
+
+
+def test_truncate_middle():
+    assert truncate_middle("abc", 10) == "abc"
+    cut = truncate_middle("a" * 100 + "b" * 100, 20)
+    assert cut.startswith("a" * 10) and cut.endswith("b" * 10) and "truncated 180 chars" in cut

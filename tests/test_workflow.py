@@ -1,0 +1,140 @@
+"""The Snakemake workflow end to end on the tiny config: lint, dry run, a real run that is killed with
+SIGKILL mid-stage and then completes, and the exact job lists that a deleted stage or a changed stage
+setting reruns. Runs in a scratch copy of the workflow; no network, no model hub."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+TINY = "configs/tiny.yaml"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+       "PYTHONUNBUFFERED": "1"}
+
+
+def _copy_workflow(dest: Path) -> Path:
+    for name in ("Snakefile", "config.yaml"):
+        shutil.copy2(REPO / name, dest / name)
+    for name in ("workflow", "configs"):
+        shutil.copytree(REPO / name, dest / name)
+    (dest / "data").symlink_to(REPO / "data")
+    (dest / "envs").symlink_to(REPO / "envs")
+    return dest
+
+
+def smk(workdir: Path, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*SNAKEMAKE, *args], cwd=workdir, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}"
+                             f"\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def planned_jobs(workdir: Path, *args: str) -> dict[str, int]:
+    """Job counts per rule from a dry run ({} when there is nothing to do)."""
+    out = smk(workdir, "-n", "--configfile", *args).stdout
+    if "Nothing to be done" in out:
+        return {}
+    table = out[out.index("Job stats:"):out.index("total")]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def planned_eval_models(workdir: Path, *args: str) -> set[str]:
+    out = smk(workdir, "-n", "--configfile", *args).stdout
+    return set(re.findall(r"output: results/eval/(\w+)/manifest.json", out))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return _copy_workflow(tmp_path_factory.mktemp("wf"))
+
+
+def test_lint(workdir):
+    out = smk(workdir, "--lint", "--configfile", TINY).stdout
+    assert "Congratulations" in out
+
+
+def test_dry_run_lists_every_stage(workdir):
+    jobs = planned_jobs(workdir, TINY)
+    assert jobs == {"base_model": 1, "sft_data": 1, "sft": 1, "rl_data": 1, "rl_stage1": 1, "rl_stage2": 1,
+                    "hard_problems": 1, "rl_stage3": 1, "evaluate": 5, "report": 1, "all": 1}
+
+
+def test_bad_config_value_names_the_key(workdir, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((workdir / TINY).read_text().replace("k: 2\n  subset_size", "k: 0\n  subset_size"))
+    proc = smk(workdir, "-n", "--configfile", str(bad), check=False)
+    assert proc.returncode != 0
+    assert "hard_problems" in proc.stderr + proc.stdout and "'k'" in proc.stderr + proc.stdout
+
+
+@pytest.mark.slow
+def test_killed_mid_stage_then_completes(workdir):
+    """SIGKILL the whole run while rl_stage1 trains: no stage looks finished that was not; a rerun completes."""
+    proc = subprocess.Popen([*SNAKEMAKE, "--cores", "2", "--configfile", TINY], cwd=workdir, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    stage1 = workdir / "results/rl/stage1"
+    deadline = time.time() + 400
+    try:
+        while not (stage1 / "rollouts.jsonl").exists():  # mid-stage: rollouts written, model not yet saved
+            assert proc.poll() is None, "the run ended before rl_stage1 started"
+            assert time.time() < deadline, "rl_stage1 did not start in time"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert (workdir / "results/sft/manifest.json").exists()
+    assert not (stage1 / "manifest.json").exists()
+    assert not (workdir / "results/report/manifest.json").exists()
+
+    smk(workdir, "--unlock", "--configfile", TINY)
+    smk(workdir, "--cores", "2", "--configfile", TINY, timeout=900)
+    for stage in ("base_model", "sft_data", "sft", "rl_data", "rl/stage1", "rl/stage2", "hard_problems",
+                  "rl/stage3", "report"):
+        assert (workdir / "results" / stage / "manifest.json").exists(), stage
+    report = workdir / "results/report"
+    assert (report / "summary.md").read_text().count("|") > 20
+    for png in ("training_curves.png", "eval.png", "funnel.png"):
+        assert (report / png).stat().st_size > 1000
+    assert planned_jobs(workdir, TINY) == {}
+
+
+@pytest.mark.slow
+def test_deleted_stage2_reruns_stage2_and_dependents_only(workdir):
+    if not (workdir / "results/report/manifest.json").exists():
+        pytest.skip("needs the completed run of test_killed_mid_stage_then_completes")
+    stage2 = workdir / "results/rl/stage2"
+    backup = workdir.parent / "stage2_backup"
+    shutil.copytree(stage2, backup)  # copy2 keeps mtimes, so restoring makes the run up to date again
+    shutil.rmtree(stage2)
+    expected = {"rl_stage2": 1, "hard_problems": 1, "rl_stage3": 1, "evaluate": 2, "report": 1, "all": 1}
+    try:
+        assert planned_jobs(workdir, TINY) == expected
+        assert planned_eval_models(workdir, TINY) == {"rl_stage2", "rl_stage3"}
+    finally:
+        shutil.copytree(backup, stage2)
+    assert planned_jobs(workdir, TINY) == {}
+
+    changed = workdir / "configs/tiny_changed.yaml"
+    text = (workdir / TINY).read_text()
+    assert "stage2: {max_response_tokens: 32" in text
+    changed.write_text(text.replace("stage2: {max_response_tokens: 32", "stage2: {max_response_tokens: 40"))
+    assert planned_jobs(workdir, str(changed)) == expected
+    assert planned_eval_models(workdir, str(changed)) == {"rl_stage2", "rl_stage3"}
+
+
+def test_package_import_never_imports_vllm():
+    code = ("import sys, rstar2.cli, rstar2.rollout, rstar2.rl.trainer, rstar2.stages.rl, rstar2.stages.evaluate;"
+            "assert 'vllm' not in sys.modules, 'vllm imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, env=ENV)
