@@ -183,8 +183,8 @@ def _step(model, tok, batch: list[Trajectory], cfg: RolloutConfig) -> None:
 class Progress:
     """A periodic progress line with rate and ETA (stderr), for long rollout phases."""
 
-    def __init__(self, label: str, every_s: float = 10.0):
-        self.label, self.every_s, self.t0, self.last = label, every_s, time.time(), 0.0
+    def __init__(self, label: str, unit: str = "trajectories", every_s: float = 10.0):
+        self.label, self.unit, self.every_s, self.t0, self.last = label, unit, every_s, time.time(), 0.0
 
     def __call__(self, done: int, total: int) -> None:
         now = time.time()
@@ -194,4 +194,4 @@ class Progress:
         rate = done / max(now - self.t0, 1e-9)
         eta = (total - done) / rate if rate > 0 else float("inf")
         import sys
-        print(f"[{self.label}] {done}/{total} trajectories, {rate:.2f}/s, ETA {eta:.0f}s", file=sys.stderr, flush=True)
+        print(f"[{self.label}] {done}/{total} {self.unit}, {rate:.2f}/s, ETA {eta:.0f}s", file=sys.stderr, flush=True)

@@ -10,7 +10,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ..io import append_jsonl, read_jsonl, write_json, write_manifest
+from ..io import append_jsonl, digest, read_jsonl, write_json, write_manifest
 
 
 def _summarise(rows: list[dict], k: int) -> dict:
@@ -29,6 +29,16 @@ def _summarise(rows: list[dict], k: int) -> dict:
     }
 
 
+def _drop_stale_results(out: Path, params: dict) -> None:
+    """Per-problem results are reused on resume only if they were made with the same params."""
+    stamp = out / "params_digest.txt"
+    if not stamp.exists() or stamp.read_text().strip() != digest(params):
+        for f in out.glob("*/per_problem.jsonl"):
+            f.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(digest(params) + "\n")
+
+
 def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     """Evaluate one model on every configured benchmark; writes ``<bench>/per_problem.jsonl``, ``summary.json``.
 
@@ -45,31 +55,33 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     t0 = time.time()
     torch.manual_seed(params["seed"])
     out = Path(out_dir)
+    _drop_stale_results(out, params)
     model, tok = models.load(model_dir)
     rcfg = rollout_config(params)
     k = params["k"]
     summary = {"model": model_name, "benchmarks": {}}
+    problems, todo = {}, []          # all benchmarks share each batch, so short sets do not idle the engine
     for bench, spec in params["benchmarks"].items():
-        problems = load_benchmark(bench, spec)
-        if params.get("limit"):
-            problems = problems[: params["limit"]]
+        problems[bench] = load_benchmark(bench, spec)[: params.get("limit") or None]
         path = out / bench / "per_problem.jsonl"
         done = {r["id"] for r in read_jsonl(path)} if path.exists() else set()
-        todo = [p for p in problems if str(p["id"]) not in done]
-        chunk = max(1, rcfg.batch_size // k)
-        progress = Progress(f"eval {model_name}/{bench}")
-        for start in range(0, len(todo), chunk):
-            batch = todo[start:start + chunk]
-            trajs = run_rollouts(model, tok, [p for p in batch for _ in range(k)], rcfg)
-            for i, p in enumerate(batch):
-                samples = trajs[i * k:(i + 1) * k]
-                append_jsonl(path, {
-                    "id": str(p["id"]), "answer": p["answer"], "rewards": [t.reward for t in samples],
-                    "preds": [t.pred for t in samples], "response_tokens": [len(t.response_ids) for t in samples],
-                    "tool_calls": [len(t.tool_calls) for t in samples],
-                    "truncated": [t.truncated for t in samples], "sample": samples[0].record()})
-            progress(len(done) + start + len(batch), len(problems))
-        rows = [r for r in read_jsonl(path) if r["id"] in {str(p["id"]) for p in problems}] if path.exists() else []
+        todo += [(bench, p) for p in problems[bench] if str(p["id"]) not in done]
+    chunk = max(1, rcfg.batch_size // k)
+    progress = Progress(f"eval {model_name}", unit="problems")
+    for start in range(0, len(todo), chunk):
+        batch = todo[start:start + chunk]
+        trajs = run_rollouts(model, tok, [p for _, p in batch for _ in range(k)], rcfg)
+        for i, (bench, p) in enumerate(batch):
+            samples = trajs[i * k:(i + 1) * k]
+            append_jsonl(out / bench / "per_problem.jsonl", {
+                "id": str(p["id"]), "answer": p["answer"], "rewards": [t.reward for t in samples],
+                "preds": [t.pred for t in samples], "response_tokens": [len(t.response_ids) for t in samples],
+                "tool_calls": [len(t.tool_calls) for t in samples],
+                "truncated": [t.truncated for t in samples], "sample": samples[0].record()})
+        progress(start + len(batch), len(todo))
+    for bench, probs in problems.items():
+        ids = {str(p["id"]) for p in probs}
+        rows = [r for r in read_jsonl(out / bench / "per_problem.jsonl") if r["id"] in ids] if probs else []
         summary["benchmarks"][bench] = _summarise(rows, k)
         print(f"[eval] {model_name} {bench}: avg@{k} {summary['benchmarks'][bench]['avg_at_k']:.3f} "
               f"over {len(rows)} problems", flush=True)

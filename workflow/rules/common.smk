@@ -99,7 +99,8 @@ def model_dir(wildcards):
 def report_inputs():
     stages = {s: f"results/rl/{s}" for s in ("stage1", "stage2", "stage3")}
     evals = {m: f"results/eval/{m}" for m in config["evaluate"]["models"]}
-    return as_json({"rl_stages": stages, "eval": evals, "rl_data": "results/rl_data"})
+    # not sorted: the report lists models in the configured order
+    return json.dumps({"rl_stages": stages, "eval": evals, "rl_data": "results/rl_data"})
 
 
 def all_manifests():
