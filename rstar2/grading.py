@@ -32,6 +32,8 @@ the main thread while something else in the same process relies on ``SIGALRM``.
 from __future__ import annotations
 
 import re
+
+from .data.answers import normalize_integer_answer
 import threading
 from fractions import Fraction
 from functools import lru_cache
@@ -148,15 +150,11 @@ def extract_final_answer(final_turn: str | None) -> str | None:
 
 _MINUS = {"\u2212": "-", "\ufe63": "-", "\uff0d": "-"}
 _TEXT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
-_SEP = r"(?:,|\{,\}|\\,|\\;|\\:|\\!|\\ |~| )"
-_INT_RE = re.compile(r"[+-]?\d+")
-_GROUPED_INT_RE = re.compile(rf"([+-]?)(\d{{1,3}})((?:{_SEP}\d{{3}})+)")
 _DEC_RE = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
 _SLASH_RE = re.compile(r"([+-]?)\(?([+-]?\d+)\)?/\(?(\d+)\)?")
 _FRAC_RE = re.compile(r"([+-]?)\\[dt]?frac\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
 _LETTER_RE = re.compile(r"\(?\s*([A-E])\s*\)?\.?")
 _SIZING_RE = re.compile(r"\\(?:left|right|displaystyle|big|Big|bigg|Bigg)(?![A-Za-z])")
-_DEGREE_RE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|°)$")
 
 
 def _light(s: str) -> str:
@@ -197,21 +195,9 @@ def _clean(s: str) -> str:
 
 
 def _as_int(s: str) -> int | None:
-    """The integer ``s`` spells, or None.
-
-    Accepts a sign (also unicode minus), leading zeros, a trailing ``.0``/``.00``, a degree sign, and
-    thousands separators only in proper groups of three (``1,000``, ``1{,}000``, ``1\\,000``, ``1 000``).
-    ``12,34`` and ``0,1`` are not integers.
-    """
-    t = _DEGREE_RE.sub("", _clean(s)).strip()
-    t = re.sub(r"^([+-])\s+", r"\1", t)
-    t = re.sub(r"\.0+$", "", t)
-    if _INT_RE.fullmatch(t):
-        return int(t)
-    m = _GROUPED_INT_RE.fullmatch(t)
-    if m:
-        return int(m.group(1) + m.group(2) + re.sub(r"\D", "", m.group(3)))
-    return None
+    """The integer ``s`` spells, or None: the same rules as gold curation (data.answers), so the grader and
+    the integer filter can never disagree on what an integer answer is."""
+    return normalize_integer_answer(_clean(s), max_abs=10**100)
 
 
 def _as_fraction(s: str) -> Fraction | None:

@@ -21,7 +21,7 @@ from rstar2.stages import rl_data
 @pytest.mark.parametrize("raw, expected", [
     ("12", 12), ("-7", -7), ("+3", 3),
     ("042", 42), ("-0", 0), ("000", 0),
-    ("1,000", 1000), ("12,345,678", 12345678), ("1{,}000", 1000), ("1\\,000", 1000), ("112,\\!875", 112875),
+    ("1,000", 1000), ("1 000", 1000), ("12,345,678", 12345678), ("1{,}000", 1000), ("1\\,000", 1000), ("112,\\!875", 112875),
     ("1{,}008{,}016", 1008016),
     ("27.0", 27), ("10.00", 10), ("27.", 27), ("1,000.0", 1000),
     ("\\boxed{12}", 12), ("\\fbox{12}", 12), ("\\text{12}", 12), ("\\textbf{7}", 7), ("\\mathbf{2340}", 2340),
@@ -50,7 +50,7 @@ def test_integer_answers_accepted(raw, expected):
     ("1e5", "not_a_number"), ("12_5", "not_a_number"), ("24_{10}", "not_a_number"),
     ("x=5", "not_a_number"), ("AB=9, CD=4", "not_a_number"), ("does not exist", "not_a_number"),
     ("20\\%", "not_a_number"), ("\\boxed{1}, \\boxed{2}", "not_a_number"), ("$1$ and $2$", "not_a_number"),
-    ("\\text{(C)}", "not_a_number"), ("1 000", "tuple_or_list"), (True, "not_a_number"),
+    ("\\text{(C)}", "not_a_number"), ("12 34", "tuple_or_list"), (True, "not_a_number"),
 ])
 def test_integer_answers_rejected(raw, reason):
     assert normalize_integer_answer(raw) is None

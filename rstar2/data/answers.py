@@ -34,6 +34,8 @@ _CURRENCY_PREFIX = re.compile(r"^\\\$\s*")
 # still form proper groups of three.
 _NEG_THIN_SPACE = re.compile(r"\\!")
 _SEPARATOR_MACROS = re.compile(r"\{,\}|\\,")
+# A plain space is a separator only before a group of exactly three digits ("1 000"; "12 34" stays invalid).
+_SPACE_SEPARATOR = re.compile(r"(?<=\d) (?=\d{3}(?!\d))")
 
 # An integer: optional sign, then digits, or a proper thousands grouping ("1,000", "12,345,678": first
 # group 1-3 digits not starting with 0, then groups of exactly three), then an optional ".000" tail.
@@ -53,7 +55,7 @@ def normalize_integer_answer(s, max_abs: int = 10**18) -> int | None:
         - plain integers, with an optional sign: ``"12"``, ``"-7"``, ``"+3"``;
         - leading zeros: ``"042"`` -> 42, ``"-0"`` -> 0;
         - thousands separators only in proper groups of three: ``"1,000"``, ``"12,345,678"``;
-          LaTeX separators ``"1{,}000"``, ``"1\\,000"``, ``"112,\\!875"`` (``\\!`` is dropped first);
+          LaTeX separators ``"1{,}000"``, ``"1\\,000"``, a plain space ``"1 000"``, ``"112,\\!875"`` (``\\!`` is dropped first);
         - an all-zero decimal tail: ``"27.0"``, ``"10.00"``, ``"27."``;
         - whole-string wrappers, peeled repeatedly: ``\\boxed{..}``, ``\\fbox{..}``, ``\\text{..}``,
           ``\\textbf{..}``, ``\\textrm{..}``, ``\\mathrm{..}``, ``\\mathbf{..}``, ``\\displaystyle``, bare ``{..}``,
@@ -122,7 +124,7 @@ def _strip_decorations(text: str) -> str:
     """Peel wrappers, units and LaTeX separators until the string stops changing."""
     text = text.replace("\u2212", "-")
     text = _NEG_THIN_SPACE.sub("", text)
-    text = _SEPARATOR_MACROS.sub(",", text)
+    text = _SPACE_SEPARATOR.sub(",", _SEPARATOR_MACROS.sub(",", text))
     previous = None
     while text != previous:
         previous = text
