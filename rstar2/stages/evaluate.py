@@ -49,6 +49,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
 
     from .. import models
     from ..data.benchmarks import load_benchmark
+    from ..grading import gold_is_valid
     from ..rollout import Progress, run_rollouts
     from .rl import rollout_config
 
@@ -63,6 +64,10 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     problems, todo = {}, []          # all benchmarks share each batch, so short sets do not idle the engine
     for bench, spec in params["benchmarks"].items():
         problems[bench] = load_benchmark(bench, spec)[: params.get("limit") or None]
+        for p in problems[bench]:  # a bad gold is a data error: stop before any rollout, naming the row
+            if not gold_is_valid(p["answer"]):
+                raise ValueError(f"benchmark {bench!r} ({spec.get('path')}), problem {p['id']}: "
+                                 f"gold answer {p['answer']!r} cannot be parsed")
         path = out / bench / "per_problem.jsonl"
         done = {r["id"] for r in read_jsonl(path)} if path.exists() else set()
         todo += [(bench, p) for p in problems[bench] if str(p["id"]) not in done]
