@@ -28,6 +28,11 @@ def trajectory_penalty(t: rollout_lib.Trajectory) -> float:
         [turn["text"] for turn in t.turns])
 
 
+def error_ratio(calls: list[dict]) -> float:
+    """Share of tool calls whose structured status is an error (0 when there are no calls)."""
+    return sum(c["status"] in roc.ERROR_STATUSES for c in calls) / len(calls) if calls else 0.0
+
+
 def step_metrics(groups: list[list[rollout_lib.Trajectory]], kept: list[list[int]]) -> dict:
     """Per-step rollout metrics over all 2G rollouts of every group and the kept subset."""
     flat = [t for g in groups for t in g]
@@ -36,7 +41,6 @@ def step_metrics(groups: list[list[rollout_lib.Trajectory]], kept: list[list[int
     pos = [t for t in flat if t.reward > 0]
     pos_calls = [c for t in pos for c in t.tool_calls]
     kept_flat = [g[i] for g, idx in zip(groups, kept) for i in idx]
-    err = lambda cs: sum(c["status"] in roc.ERROR_STATUSES for c in cs) / len(cs) if cs else 0.0  # noqa: E731
     lengths = [len(t.response_ids) for t in flat]
     return {
         "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
@@ -44,8 +48,8 @@ def step_metrics(groups: list[list[rollout_lib.Trajectory]], kept: list[list[int
         "response_length_mean": statistics.fmean(lengths) if lengths else 0.0,
         "response_length_max": max(lengths, default=0),
         "tool_calls_per_traj": len(calls) / max(len(flat), 1),
-        "tool_error_ratio": err(calls),
-        "tool_error_ratio_pos": err(pos_calls),
+        "tool_error_ratio": error_ratio(calls),
+        "tool_error_ratio_pos": error_ratio(pos_calls),
         "format_penalty_mean": statistics.fmean(roc.format_penalty([x["text"] for x in t.turns]) for t in flat)
         if flat else 0.0,
         "truncation_ratio": sum(t.truncated for t in flat) / max(len(flat), 1),
