@@ -9,6 +9,10 @@ min_version("9.0")
 configfile: "config.yaml"
 
 
+envvars:
+    "PATH",
+
+
 report: "workflow/report/workflow.rst"
 
 

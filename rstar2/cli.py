@@ -1,13 +1,14 @@
 """Command-line entry points, one subcommand per workflow rule (``rstar2 <stage> --params JSON ...``).
 
 The Snakemake rules pass each stage's resolved config section as JSON, so the same command can be run
-by hand to debug one stage.
+by hand to debug one stage. Data and config errors exit with status 2 and a one-line message.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -21,7 +22,7 @@ def _params(text: str) -> dict:
     return value
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rstar2", description=__doc__)
     sub = parser.add_subparsers(dest="stage", required=True)
     specs = {
@@ -36,7 +37,19 @@ def main(argv: list[str] | None = None) -> None:
         for flag in extra:
             p.add_argument(flag, required=True)
     a = parser.parse_args(argv)
+    try:
+        _dispatch(a)
+    except (ValueError, FileNotFoundError) as e:
+        # Data and config errors already name the file, row and field: print just that, not a traceback
+        # (set RSTAR2_TRACEBACK=1 to see one).
+        if os.environ.get("RSTAR2_TRACEBACK"):
+            raise
+        print(f"rstar2 {a.stage}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
+
+def _dispatch(a: argparse.Namespace) -> None:
     if a.stage == "base-model":
         from .stages import base_model
         base_model.run(a.params, a.out)

@@ -6,6 +6,7 @@ and writes ``manifest.json`` last, atomically, so a half-written stage never loo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,24 +16,38 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``.
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it is renamed onto ``path`` with ``os.replace``.
 
-    A reader sees either the old file or the complete new one, never a partial one, even if the
-    writer is killed with SIGKILL half-way.
+    A reader sees either the old file or the complete new one, never a partial one, even if the writer
+    is killed with SIGKILL half-way. On an exception the temporary file is removed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results should read like any other file
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see ``atomic_path``), fsynced before the rename."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -1,6 +1,7 @@
 """Tests for rstar2.stages.report with fake inputs in the fixed schemas."""
 
 import json
+import os
 
 import pytest
 
@@ -171,3 +172,23 @@ def test_cumulative_x():
     xs, spans = report._cumulative_x(stages)
     assert xs == {"stage1": [1, 2, 3], "stage2": [4, 5], "stage3": []}
     assert spans == [("stage1", 0, 3), ("stage2", 3, 5), ("stage3", 5, 5)]
+
+
+def test_report_warns_when_a_stage_had_no_learning_signal(tmp_path):
+    import json
+
+    from rstar2.stages import report
+
+    for name, wrong in (("flat", 1.0), ("mixed", 0.5)):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"step": i, "reward_mean": 0.0, "all_correct_frac": 0.0, "all_wrong_frac": wrong} for i in (1, 2)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    report.run({}, {"rl_stages": {"flat": str(tmp_path / "flat"), "mixed": str(tmp_path / "mixed")}, "eval": {},
+                    "rl_data": str(tmp_path / "none")}, str(out))
+    warnings = [line for line in (out / "summary.md").read_text().splitlines() if "no learning signal" in line]
+    assert len(warnings) == 1 and "(flat)" in warnings[0] and "2 steps all wrong" in warnings[0]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "manifest.json").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0600

@@ -120,7 +120,8 @@ def read_table(spec: dict, base_dir: Path | str = REPO_ROOT) -> tuple[pd.DataFra
         return _read_hub(spec, where[len(HUB_PREFIX):]), where
     path = Path(where)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset '{name}': file not found: {path}")
+        raise FileNotFoundError(f"dataset '{name}': file not found: {path} (resolved to {Path(path).resolve()}; "
+                                "relative paths start at the folder snakemake runs in)")
     fmt = spec.get("format") or _EXTENSION_FORMATS.get(path.suffix.lower())
     if fmt == "parquet":
         return pd.read_parquet(path), where

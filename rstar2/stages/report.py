@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
-from ..io import atomic_write_text, write_manifest
+from ..io import atomic_path, atomic_write_text, write_manifest
 
 #: Paper Table 3, rStar2-Agent-14B, avg@16 pass@1 in percent (spec §6.2).
 PAPER_TABLE3 = {"MATH-500": 97.8, "AIME24": 80.6, "AIME25": 69.8, "HMMT Feb25": 52.7}
@@ -275,7 +273,23 @@ def _training_section(stages: dict[str, list[dict]], manifests: dict[str, dict |
     lines += _table(["stage", "steps", "first reward", "last reward", "first accuracy", "last accuracy",
                      "last mean response length", "wall time"], rows) + [""]
     lines += ["Wall time is the sum of per-step times (the stage manifest's wall time when steps carry none).", ""]
+    lines += _no_signal_warnings(stages)
     return lines
+
+
+def _no_signal_warnings(stages: dict[str, list[dict]]) -> list[str]:
+    """Say plainly when a stage had no learning signal: every group's rewards were equal in every step,
+    so every advantage was 0 and the update left the weights unchanged."""
+    out = []
+    for name, rows in stages.items():
+        flat = [r for r in rows if r.get("all_correct_frac") is not None and r.get("all_wrong_frac") is not None]
+        if flat and len(flat) == len(rows) and all(r["all_correct_frac"] + r["all_wrong_frac"] >= 1 for r in flat):
+            wrong = sum(r["all_wrong_frac"] >= 1 for r in flat)
+            out.append(f"**Warning ({name}): no learning signal.** In all {len(flat)} steps every group had equal "
+                       f"rewards ({wrong} steps all wrong, {len(flat) - wrong} all correct), so every advantage "
+                       "was 0 and this stage did not change the model. Use easier problems, more rollouts per "
+                       "group or a stronger base model.")
+    return out + [""] if out else []
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -292,16 +306,9 @@ def _new_figure(w: float, h: float):
 
 
 def _save(fig, path: Path, dpi: int) -> None:
-    """Save a PNG atomically (temporary file in the same folder, then ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
+    """Save a PNG atomically."""
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=dpi, format="png", bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _no_data(ax, what: str = NO_DATA) -> None:

@@ -6,6 +6,7 @@ import os
 import random
 import shutil
 import time
+import zlib
 from pathlib import Path
 
 from ..io import read_jsonl, write_manifest
@@ -33,7 +34,6 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     Raises:
         ValueError: the training set is empty (e.g. hard-problem mining kept nothing).
     """
-    import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -48,14 +48,16 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     rows = read_jsonl(data_path)
     if not rows:
         raise ValueError(f"{data_path}: no training problems; nothing to train on")
-    random.Random(params["seed"]).shuffle(rows)
+    # Each stage draws its own prompt order: with one seed for all, stage 2 would replay stage 1's prompts.
+    seed = params["seed"] + zlib.crc32(params.get("name", "rl").encode()) % 10_000
+    random.Random(seed).shuffle(rows)
     answers = {r["problem"]: {"id": r["id"], "answer": r["answer"]} for r in rows}
     dataset = Dataset.from_list([{"prompt": q} for q in answers])
 
     model, tok = models.load(model_dir)
     G = params["group_size"]
     args = GRPOConfig(
-        output_dir=str(out / "trainer_scratch"), use_cpu=True, bf16=False, seed=params["seed"],
+        output_dir=str(out / "trainer_scratch"), use_cpu=True, bf16=False, seed=seed,
         per_device_train_batch_size=params["prompts_per_step"] * G, gradient_accumulation_steps=1,
         num_generations=G, max_steps=params["steps"], learning_rate=params["learning_rate"],
         lr_scheduler_type="constant_with_warmup", warmup_steps=params.get("warmup_steps", 0),
@@ -65,7 +67,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
         weight_decay=0.01, max_grad_norm=1.0,
     )
     rollout_fn = RolloutFunc(answers, rollout_config(params), G, params.get("oversample", 2), params["mode"],
-                             params.get("positive_selection", "inverse_prob"), params["seed"], str(out))
+                             params.get("positive_selection", "inverse_prob"), seed, str(out))
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = GRPOTrainer(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
                           processing_class=tok, rollout_func=rollout_fn,

@@ -38,7 +38,6 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     Raises:
         ValueError: no example fits in ``max_length`` (the message says how many were too long).
     """
-    import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer

@@ -2,7 +2,7 @@
 # JSON in `params`, so editing one stage's settings reruns that stage and what depends on it, nothing else.
 
 import json
-import shlex
+import os
 import sys
 
 from snakemake.utils import validate
@@ -10,8 +10,9 @@ from snakemake.utils import validate
 
 validate(config, schema="../schemas/config.schema.yaml")
 
-# The stage CLI runs under the interpreter that runs snakemake, so an un-activated venv works too.
-RSTAR2 = f"{shlex.quote(sys.executable)} -m rstar2.cli"
+# Jobs inherit this environment: put the bin folder of the interpreter running snakemake first on PATH, so
+# the `rstar2` CLI of its virtual environment is found even when the venv was not activated.
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 MODEL_DIRS = {
     "base": "results/base_model",
@@ -53,6 +54,24 @@ def sft_data_params():
 
 def sft_params():
     return as_json({**config["sft"], "seed": config["seed"]})
+
+
+def _local(paths):
+    # Local dataset files are inputs, so editing one reruns the stages that read it; hub ids are not files.
+    return [p for p in paths if p and not str(p).startswith("hub:")]
+
+
+def rl_data_files():
+    return _local([s["path"] for s in config["rl_data"]["sources"]]
+                  + [config["benchmarks"][b]["path"] for b in config["rl_data"]["decontaminate_against"]])
+
+
+def sft_data_files():
+    return _local([s["path"] for s in config["sft_data"].values() if s and s.get("limit", 1) != 0])
+
+
+def benchmark_files():
+    return _local([config["benchmarks"][b]["path"] for b in config["evaluate"]["benchmarks"]])
 
 
 def rl_data_params():

@@ -2,6 +2,8 @@
 
 
 rule rl_data:
+    input:
+        rl_data_files(),
     output:
         "results/rl_data/manifest.json",
     params:
@@ -10,9 +12,10 @@ rule rl_data:
         "../../envs/rstar2.yaml"
     log:
         "logs/rl_data.log",
+    priority: 10  # cheap and most likely to reveal a bad custom dataset: run it first
     threads: 1
     shell:
-        "{RSTAR2} rl-data --params {params.p:q} --out results/rl_data 2>&1 | tee {log}"
+        "rstar2 rl-data --params {params.p:q} --out results/rl_data 2>&1 | tee {log}"
 
 
 rule hard_problems:
@@ -31,5 +34,5 @@ rule hard_problems:
         "benchmarks/hard_problems.tsv"
     threads: 2
     shell:
-        "{RSTAR2} hard-problems --params {params.p:q} --model results/rl/stage2/model"
+        "rstar2 hard-problems --params {params.p:q} --model results/rl/stage2/model"
         " --data results/rl_data/train.jsonl --out results/hard_problems 2>&1 | tee {log}"

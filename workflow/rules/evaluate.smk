@@ -8,6 +8,7 @@ wildcard_constraints:
 rule evaluate:
     input:
         model_manifest,
+        benchmark_files(),
     output:
         "results/eval/{model}/manifest.json",
     params:
@@ -21,7 +22,7 @@ rule evaluate:
         "benchmarks/evaluate_{model}.tsv"
     threads: 2
     shell:
-        "{RSTAR2} evaluate --params {params.p:q} --name {wildcards.model} --model {params.model_dir}"
+        "rstar2 evaluate --params {params.p:q} --name {wildcards.model} --model {params.model_dir}"
         " --out results/eval/{wildcards.model} 2>&1 | tee {log}"
 
 
@@ -48,4 +49,4 @@ rule report:
         "logs/report.log",
     threads: 1
     shell:
-        "{RSTAR2} report --params {params.p:q} --inputs {params.inputs:q} --out results/report 2>&1 | tee {log}"
+        "rstar2 report --params {params.p:q} --inputs {params.inputs:q} --out results/report 2>&1 | tee {log}"

@@ -12,10 +12,12 @@ rule base_model:
         "logs/base_model.log",
     threads: 2
     shell:
-        "{RSTAR2} base-model --params {params.p:q} --out results/base_model 2>&1 | tee {log}"
+        "rstar2 base-model --params {params.p:q} --out results/base_model 2>&1 | tee {log}"
 
 
 rule sft_data:
+    input:
+        sft_data_files(),
     output:
         "results/sft_data/manifest.json",
     params:
@@ -24,9 +26,10 @@ rule sft_data:
         "../../envs/rstar2.yaml"
     log:
         "logs/sft_data.log",
+    priority: 10
     threads: 2
     shell:
-        "{RSTAR2} sft-data --params {params.p:q} --out results/sft_data 2>&1 | tee {log}"
+        "rstar2 sft-data --params {params.p:q} --out results/sft_data 2>&1 | tee {log}"
 
 
 rule sft:
@@ -45,5 +48,5 @@ rule sft:
         "benchmarks/sft.tsv"
     threads: 2
     shell:
-        "{RSTAR2} sft --params {params.p:q} --model results/base_model/model"
+        "rstar2 sft --params {params.p:q} --model results/base_model/model"
         " --data results/sft_data/train.jsonl --out results/sft 2>&1 | tee {log}"

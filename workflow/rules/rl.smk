@@ -17,7 +17,7 @@ rule rl_stage1:
         "benchmarks/rl_stage1.tsv"
     threads: 2
     shell:
-        "{RSTAR2} rl --params {params.p:q} --model results/sft/model"
+        "rstar2 rl --params {params.p:q} --model results/sft/model"
         " --data results/rl_data/train.jsonl --out results/rl/stage1 2>&1 | tee {log}"
 
 
@@ -37,7 +37,7 @@ rule rl_stage2:
         "benchmarks/rl_stage2.tsv"
     threads: 2
     shell:
-        "{RSTAR2} rl --params {params.p:q} --model results/rl/stage1/model"
+        "rstar2 rl --params {params.p:q} --model results/rl/stage1/model"
         " --data results/rl_data/train.jsonl --out results/rl/stage2 2>&1 | tee {log}"
 
 
@@ -57,5 +57,5 @@ rule rl_stage3:
         "benchmarks/rl_stage3.tsv"
     threads: 2
     shell:
-        "{RSTAR2} rl --params {params.p:q} --model results/rl/stage2/model"
+        "rstar2 rl --params {params.p:q} --model results/rl/stage2/model"
         " --data results/hard_problems/hard.jsonl --out results/rl/stage3 2>&1 | tee {log}"
