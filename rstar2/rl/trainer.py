@@ -28,9 +28,9 @@ def trajectory_penalty(t: rollout_lib.Trajectory) -> float:
         [turn["text"] for turn in t.turns])
 
 
-def error_ratio(calls: list[dict]) -> float:
-    """Share of tool calls whose structured status is an error (0 when there are no calls)."""
-    return sum(c["status"] in roc.ERROR_STATUSES for c in calls) / len(calls) if calls else 0.0
+def error_ratio(calls: list[dict]) -> float | None:
+    """Share of tool calls whose structured status is an error; None (undefined, not 0) without calls."""
+    return sum(c["status"] in roc.ERROR_STATUSES for c in calls) / len(calls) if calls else None
 
 
 def step_metrics(groups: list[list[rollout_lib.Trajectory]], kept: list[list[int]]) -> dict:
@@ -139,7 +139,7 @@ def make_metrics_callback(rollout_fn: RolloutFunc, path: str):
             self.t0 = time.time()
             rollout_fn.pending = None
             append_jsonl(path, row)
-            print(f"[rl] step {row['step']}: reward {row['reward_mean']:.3f} tool calls/traj "
+            print(f"\n[rl] step {row['step']}: reward {row['reward_mean']:.3f} tool calls/traj "
                   f"{row['tool_calls_per_traj']:.2f} length {row['response_length_mean']:.0f} "
                   f"loss {row['loss']:.4f} ({row['step_time_s']}s)", flush=True)
 
