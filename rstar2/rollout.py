@@ -11,6 +11,7 @@ concurrently. (The KV-aware load-balanced scheduler over several engines is issu
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -193,5 +194,4 @@ class Progress:
         self.last = now
         rate = done / max(now - self.t0, 1e-9)
         eta = (total - done) / rate if rate > 0 else float("inf")
-        import sys
         print(f"[{self.label}] {done}/{total} {self.unit}, {rate:.2f}/s, ETA {eta:.0f}s", file=sys.stderr, flush=True)
