@@ -343,13 +343,15 @@ def _plot_training(stages: dict[str, list[dict]], path: Path, dpi: int) -> None:
         ax.set_title(title)
         drawn = False
         for si, (name, rows) in enumerate(stages.items()):
-            for key, label, style in series:
+            for ki, (key, label, style) in enumerate(series):
                 pts = [(x, _num(r.get(key))) for x, r in zip(xs[name], rows)]
                 pts = [(x, y) for x, y in pts if y is not None]
                 if not pts:
                     continue
+                # a different marker per quantity: curves that coincide (reward mean and accuracy are equal
+                # for a binary reward) stay distinguishable
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=colors[si % len(colors)],
-                        marker="." if len(pts) < 30 else None, label=f"{name}: {label}")
+                        marker=".x^"[ki % 3] if len(pts) < 30 else None, label=f"{name}: {label}")
                 drawn = True
         if not drawn:
             _no_data(ax)
