@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 
-from .data.answers import normalize_integer_answer
+from .data.answers import MATH_DELIMITERS, normalize_integer_answer
 import threading
 from fractions import Fraction
 from functools import lru_cache
@@ -157,32 +157,35 @@ _LETTER_RE = re.compile(r"\(?\s*([A-E])\s*\)?\.?")
 _SIZING_RE = re.compile(r"\\(?:left|right|displaystyle|big|Big|bigg|Bigg)(?![A-Za-z])")
 
 
-def _light(s: str) -> str:
-    """Minimal cleaning for Math-Verify input: unicode minus and outer math delimiters only.
-
-    ``\\text{}`` stays, so Math-Verify reads ``\\text{Evelyn}`` as one symbol, not a product of letters.
-    """
-    s = str(s).strip()
+def _ascii_minus(s: str) -> str:
     for k, v in _MINUS.items():
         s = s.replace(k, v)
-    for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+    return s
+
+
+def _strip_delimiters(s: str) -> str:
+    """Remove one pair of math delimiters ($..$, $$..$$, \\(..\\), \\[..\\]) enclosing the whole string."""
+    for a, b in MATH_DELIMITERS:
         if len(s) >= len(a) + len(b) and s.startswith(a) and s.endswith(b):
             s = s[len(a):len(s) - len(b)].strip()
     return s
 
 
+def _light(s: str) -> str:
+    """Minimal cleaning for Math-Verify input: unicode minus and outer math delimiters only.
+
+    ``\\text{}`` stays, so Math-Verify reads ``\\text{Evelyn}`` as one symbol, not a product of letters.
+    """
+    return _strip_delimiters(_ascii_minus(str(s).strip()))
+
+
 def _clean(s: str) -> str:
     """Strip the wrappers that never change a value: math delimiters, \\text{}, \\left/\\right, unicode minus."""
-    s = str(s).strip()
-    for k, v in _MINUS.items():
-        s = s.replace(k, v)
+    s = _ascii_minus(str(s).strip())
     changed = True
     while changed:
         before = s
-        s = s.strip()
-        for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
-            if len(s) >= len(a) + len(b) and s.startswith(a) and s.endswith(b):
-                s = s[len(a):len(s) - len(b)].strip()
+        s = _strip_delimiters(s.strip())
         box = re.fullmatch(r"\\(?:boxed|fbox)\s*\{(.*)\}", s, re.DOTALL)
         if box and _balanced(s, s.index("{")) == len(s):
             s = box.group(1).strip()

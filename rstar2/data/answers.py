@@ -24,7 +24,8 @@ TOO_LARGE = "too_large"                # |value| > max_abs
 # Whole-string wrappers we peel off. Only when they enclose the *entire* string (checked with brace
 # matching), so "\boxed{1}, \boxed{2}" is never turned into "1}, \boxed{2".
 _WRAPPER_COMMANDS = ("boxed", "fbox", "text", "textbf", "textrm", "mathrm", "mathbf", "displaystyle")
-_MATH_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+# Math-mode delimiters around a whole answer (shared with grading).
+MATH_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 # Trailing degree units: "73^\circ", "50^{\circ}", "30°". A unit, not an expression.
 _DEGREE_SUFFIX = re.compile(r"\s*(\^\s*\{?\s*\\circ\s*\}?|°)$")
 # Leading currency: "\$42409", "\$ 1500" (an *escaped* dollar is a currency sign, "$..$" is math mode).
@@ -139,7 +140,7 @@ def _strip_decorations(text: str) -> str:
 
 
 def _unwrap_delimiters(text: str) -> str:
-    for left, right in _MATH_DELIMITERS:
+    for left, right in MATH_DELIMITERS:
         if len(text) >= len(left) + len(right) and text.startswith(left) and text.endswith(right):
             inner = text[len(left):len(text) - len(right)]
             # "$1$ and $2$" starts and ends with "$" but is two math spans, not one.

@@ -97,15 +97,15 @@ class RolloutFunc:
         groups = [trajs[i:i + self.n_draw] for i in range(0, len(trajs), self.n_draw)]
         kept = []
         for g in groups:
+            penalties = [trajectory_penalty(t) for t in g]  # once per rollout: selection and records share it
             if self.mode == "grpo":
-                kept.append(list(range(len(g))))
+                idx = list(range(len(g)))
             else:
-                kept.append(roc.select_group([t.reward for t in g], [trajectory_penalty(t) for t in g],
-                                             self.G, self.rng, self.positive_selection))
-        for g, idx in zip(groups, kept):
-            for i, t in enumerate(g):
+                idx = roc.select_group([t.reward for t in g], penalties, self.G, self.rng, self.positive_selection)
+            kept.append(idx)
+            for i, (t, pen) in enumerate(zip(g, penalties)):
                 append_jsonl(os.path.join(self.out_dir, "rollouts.jsonl"),
-                             {"step": self.step, "kept": i in idx, "penalty": trajectory_penalty(t), **t.record()})
+                             {"step": self.step, "kept": i in idx, "penalty": pen, **t.record()})
         sel = [g[i] for g, idx in zip(groups, kept) for i in idx]
         self.pending = {**step_metrics(groups, kept), "rollout_time_s": round(time.time() - t0, 2)}
         return {
