@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = {
         "base-model": [], "sft-data": [], "rl-data": [],
         "sft": ["--model", "--data"], "rl": ["--model", "--data"], "hard-problems": ["--model", "--data"],
-        "evaluate": ["--model", "--name"], "report": ["--inputs"],
+        "evaluate": ["--model", "--name"], "report": ["--inputs"], "label-verification": ["--data", "--funnel"],
     }
     for name, extra in specs.items():
         p = sub.add_parser(name)
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", required=True, help="the stage's output folder")
         for flag in extra:
             p.add_argument(flag, required=True)
+        if name == "label-verification":
+            p.add_argument("--model", default=None, help="verifier model folder (only when enabled)")
     a = parser.parse_args(argv)
     try:
         _dispatch(a)
@@ -59,6 +61,9 @@ def _dispatch(a: argparse.Namespace) -> None:
     elif a.stage == "rl-data":
         from .stages import rl_data
         rl_data.run(a.params, a.out)
+    elif a.stage == "label-verification":
+        from .stages import label_verification
+        label_verification.run(a.params, a.data, a.funnel, a.out, model_dir=a.model)
     elif a.stage == "sft":
         from .stages import sft
         sft.run(a.params, a.model, a.data, a.out)

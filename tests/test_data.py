@@ -57,6 +57,15 @@ def test_integer_answers_rejected(raw, reason):
     assert classify_integer_answer(raw) == (None, reason)
 
 
+def test_huge_answers_in_scientific_notation_are_too_large_and_the_bound_is_a_parameter():
+    # Spec §5.3: Project Euler answers like 6.5e27330467 time out verifiers and are dropped.
+    assert classify_integer_answer("6.5e27330467", max_abs=10**9) == (None, "too_large")
+    assert classify_integer_answer("3\\times 10^{20}", max_abs=10**9) == (None, "too_large")
+    assert classify_integer_answer("1e5", max_abs=10**9) == (None, "not_a_number")  # small: still not canonical
+    assert classify_integer_answer("123456789012", max_abs=10**9) == (None, "too_large")
+    assert classify_integer_answer("123456789012", max_abs=10**12) == (123456789012, "ok")
+
+
 def test_max_abs_is_inclusive_and_applies_to_negatives():
     assert normalize_integer_answer("1000", max_abs=1000) == 1000
     assert normalize_integer_answer("-1000", max_abs=1000) == -1000
@@ -172,7 +181,10 @@ def test_custom_csv_with_other_column_names_through_a_spec(tmp_path):
                  "seed": 0}, str(out))
     train = read_jsonl(out / "train.jsonl")
     assert [(r["id"], r["answer"]) for r in train] == [("custom-a", "6"), ("custom-b", "1000")]
-    assert (out / "funnel.csv").read_text().splitlines()[0] == "source,loaded,integer_answer,dedupe,decontaminate"
+    assert (out / "funnel.csv").read_text().splitlines() == [
+        "source,loaded,integer_answer,dedupe,near_dedupe,decontaminate,dropped:non_integer_number",
+        "custom,3,2,2,2,2,1", "total,3,2,2,2,2,1"]
+    assert (out / "funnel.png").stat().st_size > 1000
     manifest = read_json(out / "manifest.json")
     assert manifest["stage"] == "rl_data" and manifest["counts"]["rows"] == 2
     assert str(csv) in manifest["inputs"]
@@ -279,6 +291,7 @@ def test_full_curation_is_decontaminated_against_all_benchmarks():
     benchmarks = {name: load_benchmark(name) for name in bench_files}
     rows, funnel = curate(BUNDLED_SOURCES, benchmarks, ngram=8, max_abs_answer=10**9)
     wall = time.time() - t0
+    assert funnel["drops"]["near_duplicate"] > 0 and funnel["step_status"]["near_dedupe"] == "done"
     print(f"\ncurate on the bundled pool: {funnel['total']['loaded']} -> {len(rows)} rows in {wall:.2f}s")
     assert wall < 60
 
@@ -318,3 +331,78 @@ def test_rl_data_rejects_unknown_benchmark(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmarks"):
         rl_data.run({"sources": [{"name": "x", "path": "x.csv", "fields": {"problem": "p", "answer": "a"}}],
                      "decontaminate_against": ["hmmt25"], "max_abs_answer": 10}, str(tmp_path))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Near-duplicates, boilerplate exemption, optional fields
+
+
+from rstar2.data.curate import tokens  # noqa: E402
+from rstar2.data.near_dedupe import near_duplicates  # noqa: E402
+
+_BASE = ("Let $S$ be the set of all positive integers $n$ such that $n^2 + 12n - 2007$ is a perfect square. "
+         "Find the remainder when the sum of all elements of $S$ is divided by one thousand, and explain briefly.")
+
+
+def test_near_duplicates_catch_rewordings_but_keep_other_numbers():
+    # Same problem, missed by exact dedupe: LaTeX markup dropped and a word added (Jaccard of 5-shingles ~0.97).
+    reworded = _BASE.replace("$S$", "S").replace("briefly.", "briefly please.")
+    other_numbers = _BASE.replace("12n - 2007", "14n - 1999")  # same template, a different problem (~0.7)
+    unrelated = "How many positive divisors does 2024 have in total, counting one and the number itself?"
+    docs = [tokens(t) for t in (_BASE, reworded, other_numbers, unrelated, reworded)]
+    assert near_duplicates(docs, threshold=0.9) == [None, 0, None, None, 0]
+    assert near_duplicates(docs, threshold=0.5) == [None, 0, 0, None, 0]
+    with pytest.raises(ValueError, match="threshold"):
+        near_duplicates(docs, threshold=0)
+
+
+def test_near_duplicates_are_a_funnel_step_with_answer_conflicts_and_can_be_skipped(tmp_path):
+    csv = tmp_path / "near.csv"
+    reworded = _BASE.replace("$S$", "S")
+    pd.DataFrame({"q": [_BASE, reworded, reworded.replace("briefly.", "briefly please.")],
+                  "a": ["7", "7", "8"]}).to_csv(csv, index=False)
+    spec = {"name": "near", "path": str(csv), "fields": {"problem": "q", "answer": "a"}}
+    rows, funnel = curate([spec], {}, max_abs_answer=100)
+    assert [r["id"] for r in rows] == ["near-0"]
+    assert funnel["drops"] == {"near_duplicate": 2} and funnel["near_duplicate_answer_conflicts"] == 1
+    assert funnel["per_source"]["near"] == {"loaded": 3, "integer_answer": 3, "dedupe": 3, "near_dedupe": 1,
+                                            "decontaminate": 1}
+    assert funnel["step_status"]["near_dedupe"] == "done"
+    rows, funnel = curate([spec], {}, max_abs_answer=100, near_dedupe={"enabled": False})
+    assert len(rows) == 3 and funnel["step_status"]["near_dedupe"] == "skipped"
+    with pytest.raises(ValueError, match="unknown settings"):
+        curate([spec], {}, max_abs_answer=100, near_dedupe={"treshold": 0.5})
+
+
+def test_boilerplate_exemption_is_off_by_default_and_still_catches_copies(tmp_path):
+    stock = "where m and n are relatively prime positive integers find m n"
+    bench = {"bench": [{"problem": f"The probability that a fair coin lands heads twice is m/n, {stock}."}]}
+    pool = [f"A bag holds {i} red and {i + 3} blue marbles; the chance of drawing two reds is m/n, {stock}."
+            for i in range(4)]
+    pool.append(bench["bench"][0]["problem"].replace("fair coin", "fair  coin"))  # a real copy
+    csv = tmp_path / "pool.csv"
+    pd.DataFrame({"q": pool, "a": [str(i) for i in range(5)]}).to_csv(csv, index=False)
+    spec = {"name": "pool", "path": str(csv), "fields": {"problem": "q", "answer": "a"}}
+    off = {"enabled": False}
+    rows, funnel = curate([spec], bench, max_abs_answer=100, near_dedupe=off)
+    assert rows == [] and funnel["decontamination"] == {"bench": 5}  # the paper's rule: stock phrasing drops all
+    assert funnel["boilerplate_exemption"] == {"min_problems": 0, "exempt_ngrams": 0, "rows_kept": 0}
+    rows, funnel = curate([spec], bench, max_abs_answer=100, near_dedupe=off, boilerplate_min_problems=3)
+    assert [r["id"] for r in rows] == ["pool-0", "pool-1", "pool-2", "pool-3"]
+    assert funnel["decontamination"] == {"bench": 1}  # the copy shares its specific n-grams too
+    assert funnel["boilerplate_exemption"]["rows_kept"] == 4 and funnel["boilerplate_exemption"]["exempt_ngrams"] > 0
+
+
+def test_optional_source_and_language_fields_are_carried_and_required_when_mapped(tmp_path):
+    path = _write_jsonl(tmp_path / "omr.jsonl", [
+        {"problem": "What is two plus five?", "expected_answer": "7", "problem_source": "aops_forum", "lang": "en"},
+        {"problem": "Combien font deux plus deux ?", "expected_answer": "4", "problem_source": "aops_forum",
+         "lang": "fr"}])
+    spec = {"name": "omr", "path": str(path), "fields": {"problem": "problem", "answer": "expected_answer",
+                                                           "source": "problem_source", "language": "lang"},
+            "filters": {"lang": "en"}}
+    rows, _ = curate([spec], {}, max_abs_answer=100)
+    assert rows == [{"id": "omr-0", "source": "omr", "problem": "What is two plus five?", "answer": "7",
+                     "answer_raw": "7", "origin": "aops_forum", "language": "en"}]
+    with pytest.raises(ValueError, match="row 0: missing field 'subset'"):
+        load_source({**spec, "fields": {**spec["fields"], "source": "subset"}})

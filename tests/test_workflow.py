@@ -68,8 +68,17 @@ def test_lint(workdir):
 
 def test_dry_run_lists_every_stage(workdir):
     jobs = planned_jobs(workdir, TINY)
-    assert jobs == {"base_model": 1, "sft_data": 1, "sft": 1, "rl_data": 1, "rl_stage1": 1, "rl_stage2": 1,
-                    "hard_problems": 1, "rl_stage3": 1, "evaluate": 5, "report": 1, "all": 1}
+    assert jobs == {"base_model": 1, "sft_data": 1, "sft": 1, "rl_candidates": 1, "rl_data": 1, "rl_stage1": 1,
+                    "rl_stage2": 1, "hard_problems": 1, "rl_stage3": 1, "evaluate": 5, "report": 1, "all": 1}
+
+
+def test_label_verification_schedules_its_verifier_model(workdir, tmp_path):
+    on = tmp_path / "lv.yaml"
+    on.write_text("label_verification: {enabled: true, model: {source: tiny_qwen3}}\n")
+    assert planned_jobs(workdir, TINY, str(on))["verifier_model"] == 1
+    base = tmp_path / "lv_base.yaml"
+    base.write_text("label_verification: {enabled: true}\n")  # null model = verify with the base model
+    assert "verifier_model" not in planned_jobs(workdir, TINY, str(base))
 
 
 def test_bad_config_value_names_the_key(workdir, tmp_path):
@@ -101,7 +110,7 @@ def test_killed_mid_stage_then_completes(workdir):
 
     smk(workdir, "--unlock", "--configfile", TINY)
     smk(workdir, "--cores", "2", "--configfile", TINY, timeout=900)
-    for stage in ("base_model", "sft_data", "sft", "rl_data", "rl/stage1", "rl/stage2", "hard_problems",
+    for stage in ("base_model", "sft_data", "sft", "rl_candidates", "rl_data", "rl/stage1", "rl/stage2", "hard_problems",
                   "rl/stage3", "report"):
         assert (workdir / "results" / stage / "manifest.json").exists(), stage
     report = workdir / "results/report"
@@ -109,6 +118,10 @@ def test_killed_mid_stage_then_completes(workdir):
     for png in ("training_curves.png", "eval.png", "funnel.png"):
         assert (report / png).stat().st_size > 1000
     assert planned_jobs(workdir, TINY) == {}
+    funnel = json.loads((workdir / "results/rl_data/funnel.json").read_text())
+    assert funnel["step_status"]["label_verification"] == "skipped" and funnel["steps"][-2:] == ["limit",
+                                                                                                 "label_verification"]
+    assert (workdir / "results/rl_data/funnel.png").stat().st_size > 1000
 
 
 @pytest.mark.slow
@@ -147,13 +160,16 @@ def test_custom_dataset_through_config_alone(tmp_path):
     smk(wd, "--cores", "1", "results/rl_data/manifest.json", "--configfile", "configs/custom_data.example.yaml")
     rows = [json.loads(line) for line in (wd / "results/rl_data/train.jsonl").read_text().splitlines()]
     assert {r["source"] for r in rows} == {"my_problems"} and len(rows) == 5
+    funnel = json.loads((wd / "results/rl_data/funnel.json").read_text())
+    assert funnel["step_status"] == {"loaded": "done", "integer_answer": "done", "dedupe": "done",
+                                     "near_dedupe": "done", "decontaminate": "done", "label_verification": "skipped"}
     assert {r["id"]: r["answer"] for r in rows}["my_problems-ex-5"] == "37"
 
     broken = tmp_path / "broken.yaml"
     broken.write_text((wd / "configs/custom_data.example.yaml").read_text().replace("answer: final", "answer: gold"))
-    proc = smk(wd, "--cores", "1", "--forcerun", "rl_data", "results/rl_data/manifest.json", "--configfile",
+    proc = smk(wd, "--cores", "1", "--forcerun", "rl_candidates", "results/rl_data/manifest.json", "--configfile",
                str(broken), check=False)
     assert proc.returncode != 0
-    log = (wd / "logs/rl_data.log").read_text()
+    log = (wd / "logs/rl_candidates.log").read_text()
     assert "dataset 'my_problems'" in log and "missing field 'gold'" in log and "row 0" in log
     assert "Traceback" not in log

@@ -43,6 +43,9 @@ _SPACE_SEPARATOR = re.compile(r"(?<=\d) (?=\d{3}(?!\d))")
 _INTEGER = re.compile(r"(?P<sign>[+-]?)\s*(?P<digits>\d+|[1-9]\d{0,2}(?:,\d{3})+)(?:\.0*)?")
 _DECIMAL = re.compile(r"[+-]?\s*(\d[\d,]*)?\.\d+|[+-]?\s*\d+\s*/\s*\d+")
 _FRACTION_MACRO = re.compile(r"\\[dt]?frac")
+# Scientific notation ("6.5e27330467", "3 \times 10^{20}"): never accepted as a gold (not canonical), but one whose
+# magnitude exceeds max_abs is reported as too_large, the paper's reason for dropping such Project Euler answers.
+_SCIENTIFIC = re.compile(r"[+-]?\s*(?P<mant>\d+(?:\.\d*)?)\s*(?:[eE]\+?|\\times\s*10\s*\^\s*\{?\s*)(?P<exp>\d+)\s*\}?")
 
 
 def normalize_integer_answer(s, max_abs: int = 10**18) -> int | None:
@@ -74,7 +77,8 @@ def normalize_integer_answer(s, max_abs: int = 10**18) -> int | None:
           when its value is an integer (``"\\frac{4}{2}"``), since the gold should be written canonically;
         - expressions: ``"2^{10}"``, ``"3\\sqrt2"``, ``"2^{100} - 2"``, ``"1e5"``, base subscripts ``"12_5"``;
         - multi-part or worded answers: ``"x=5"``, ``"AB=9, CD=4"``, ``"does not exist"``, ``"20\\%"``;
-        - magnitude above ``max_abs``.
+        - magnitude above ``max_abs`` (``too_large``), also when written in scientific notation
+          (``"6.5e27330467"``, ``"3\\times 10^{20}"``; below the bound those are ``not_a_number``).
     """
     value, _ = classify_integer_answer(s, max_abs)
     return value
@@ -105,15 +109,22 @@ def classify_integer_answer(s, max_abs: int = 10**18) -> tuple[int | None, str]:
     if match:
         value = int(match.group("digits").replace(",", ""))
         return _check_magnitude(-value if match.group("sign") == "-" else value, max_abs)
-    return None, _rejection_reason(text)
+    return None, _rejection_reason(text, max_abs)
 
 
 def _check_magnitude(value: int, max_abs: int) -> tuple[int | None, str]:
     return (value, OK) if abs(value) <= max_abs else (None, TOO_LARGE)
 
 
-def _rejection_reason(text: str) -> str:
+def _rejection_reason(text: str, max_abs: int) -> str:
     """Pick a funnel reason for a string that did not match an integer (for reporting only)."""
+    sci = _SCIENTIFIC.fullmatch(text)
+    if sci:
+        mantissa = float(sci.group("mant"))
+        # log10 comparison: the exponent can be 27 million digits' worth, far beyond float range.
+        if mantissa > 0 and math.log10(mantissa) + int(sci.group("exp")) > math.log10(max_abs):
+            return TOO_LARGE
+        return NOT_A_NUMBER
     if _DECIMAL.fullmatch(text) or _FRACTION_MACRO.search(text):
         return NON_INTEGER_NUMBER
     if re.fullmatch(r"[\s()\[\]{}\\]*[+-]?\d+([\s;,]+[+-]?\d+)+[\s()\[\]{}\\]*", text):

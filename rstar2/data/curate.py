@@ -1,4 +1,4 @@
-"""RL data curation funnel (spec §5.3): integer answers, exact dedupe, 8-gram decontamination.
+"""RL data curation funnel (spec §5.3): integer answers, exact and near dedupe, 8-gram decontamination.
 
 Steps, in order, each counted per source:
 
@@ -6,10 +6,19 @@ Steps, in order, each counted per source:
     integer_answer  the gold normalises to an integer (answers.classify_integer_answer), and there is a problem
     dedupe          first occurrence of each whitespace/case-normalised problem text wins (across sources,
                     in the order the sources are given)
+    near_dedupe     first of each group of near-duplicates wins: MinHash LSH over word shingles, confirmed by
+                    the exact Jaccard similarity (near_dedupe.py); "skipped" in funnel["step_status"] when off
     decontaminate   no word 8-gram shared with any benchmark problem (the paper's rule, P§5.1)
 
 Every dropped row is counted under a reason: no_problem, no_answer, tuple_or_list, non_integer_number,
-not_a_number, too_large, duplicate, contaminated.
+not_a_number, too_large, duplicate, near_duplicate, contaminated.
+
+Boilerplate exemption (off by default = the paper's rule): competition problems share stock phrasing such as
+"where m and n are relatively prime positive integers find m n" (8 words). With the plain rule such an 8-gram
+in any benchmark problem removes every candidate that uses it: 37% of historical AIME on the bundled data. With
+``boilerplate_min_problems = N > 0`` an n-gram that occurs in at least N distinct candidate problems (after
+dedupe) counts as stock phrasing and is ignored; a copied benchmark problem is still caught by its other,
+specific n-grams. The funnel records how many rows the exemption kept.
 """
 
 from __future__ import annotations
@@ -22,8 +31,13 @@ from typing import Callable, Iterable
 
 from rstar2.data.answers import OK, classify_integer_answer
 from rstar2.data.loaders import REPO_ROOT, load_source
+from rstar2.data.near_dedupe import near_duplicates
 
-STEPS = ["loaded", "integer_answer", "dedupe", "decontaminate"]
+STEPS = ["loaded", "integer_answer", "dedupe", "near_dedupe", "decontaminate"]
+# Defaults of the near-dedupe settings (config rl_data.near_dedupe); threshold is the exact Jaccard similarity.
+NEAR_DEDUPE_DEFAULTS = {"enabled": True, "threshold": 0.9, "num_perm": 128, "shingle_words": 5}
+# Row keys written to train.jsonl; "origin" and "language" only when the source maps them.
+OUTPUT_KEYS = ("id", "source", "problem", "answer", "answer_raw", "origin", "language")
 # Anything that is not a letter or digit separates tokens; "_" too (it is in \w).
 _NON_ALNUM = re.compile(r"[\W_]+")
 
@@ -31,30 +45,43 @@ Progress = Callable[[str, int, float], None]
 
 
 def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int = 8,
-           max_abs_answer: int, base_dir: Path | str = REPO_ROOT,
-           progress: Progress | None = None) -> tuple[list[dict], dict]:
+           max_abs_answer: int, near_dedupe: dict | None = None, boilerplate_min_problems: int = 0,
+           base_dir: Path | str = REPO_ROOT, progress: Progress | None = None) -> tuple[list[dict], dict]:
     """Run the funnel over ``sources`` (load_source specs) against ``benchmarks`` (name -> rows with "problem").
 
     Args:
-        ngram: decontamination n-gram length in words.
-        max_abs_answer: golds with a larger magnitude are dropped ("too_large").
+        ngram: decontamination n-gram length in words (paper: 8).
+        max_abs_answer: golds with a larger magnitude are dropped ("too_large"; spec §5.3, Project Euler).
+        near_dedupe: ``{"enabled", "threshold", "num_perm", "shingle_words"}``, missing keys from
+            NEAR_DEDUPE_DEFAULTS.
+        boilerplate_min_problems: 0 (paper) or N: n-grams found in >= N candidate problems never count as
+            contamination (see the module docstring).
         progress: optional callback ``(step, rows_after_step, seconds_for_step)``.
 
     Returns:
         (rows, funnel). rows: ``{"id", "source", "problem", "answer" (normalised int as str), "answer_raw"}``
-        in source order. funnel: ``{"steps", "per_source": {src: {step: n}}, "total": {step: n},
-        "drops": {reason: n}, "drops_per_source": {src: {reason: n}}, "decontamination": {bench: n},
-        "duplicate_answer_conflicts": n, "ngram": n, "benchmark_sizes": {bench: n}}``.
+        (+ ``origin``/``language`` when mapped) in source order. funnel: ``{"steps", "step_status": {step:
+        "done"|"skipped"}, "per_source": {src: {step: n}}, "total": {step: n}, "drops": {reason: n},
+        "drops_per_source": {src: {reason: n}}, "decontamination": {bench: n}, "duplicate_answer_conflicts": n,
+        "near_duplicate_answer_conflicts": n, "near_dedupe": {settings}, "ngram": n,
+        "boilerplate_exemption": {"min_problems", "exempt_ngrams", "rows_kept"}, "benchmark_sizes": {bench: n}}``.
         A contaminated row is counted once in "drops" but under every benchmark it overlaps in
         "decontamination".
 
     Raises:
-        ValueError: two sources share a name; anything load_source raises.
+        ValueError: two sources share a name; bad near-dedupe settings; anything load_source raises.
     """
     names = [spec.get("name") for spec in sources]
     if len(set(names)) != len(names):
         raise ValueError(f"source names must be unique, got {names}")
+    near = {**NEAR_DEDUPE_DEFAULTS, **(near_dedupe or {})}
+    unknown = set(near) - set(NEAR_DEDUPE_DEFAULTS)
+    if unknown:
+        raise ValueError(f"near_dedupe: unknown settings {sorted(unknown)}; known: {sorted(NEAR_DEDUPE_DEFAULTS)}")
     funnel = _empty_funnel(names, benchmarks, ngram)
+    funnel["near_dedupe"] = near
+    funnel["boilerplate_exemption"] = {"min_problems": int(boilerplate_min_problems), "exempt_ngrams": 0,
+                                       "rows_kept": 0}
     notify = progress or (lambda step, n, seconds: None)
 
     t = time.time()
@@ -65,18 +92,21 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
     stages = [
         ("integer_answer", lambda rs: keep_integer_answers(rs, max_abs_answer, funnel)),
         ("dedupe", lambda rs: dedupe(rs, funnel)),
-        ("decontaminate", lambda rs: decontaminate(rs, benchmarks, ngram, funnel)),
+        ("near_dedupe", lambda rs: near_dedupe_rows(rs, near, funnel) if near["enabled"] else rs),
+        ("decontaminate", lambda rs: decontaminate(rs, benchmarks, ngram, funnel,
+                                                   boilerplate_min_problems=boilerplate_min_problems)),
     ]
+    funnel["step_status"]["loaded"] = "done"
     for step, apply in stages:
         t = time.time()
         rows = apply(rows)
         _record(funnel, step, rows)
+        funnel["step_status"][step] = "skipped" if step == "near_dedupe" and not near["enabled"] else "done"
         notify(step, len(rows), time.time() - t)
 
     funnel["drops"] = dict(funnel["drops"])
     funnel["drops_per_source"] = {s: dict(c) for s, c in funnel["drops_per_source"].items()}
-    out = [{"id": r["id"], "source": r["source"], "problem": r["problem"], "answer": r["answer"],
-            "answer_raw": r["answer_raw"]} for r in rows]
+    out = [{k: r[k] for k in OUTPUT_KEYS if k in r} for r in rows]
     return out, funnel
 
 
@@ -115,16 +145,54 @@ def dedupe(rows: list[dict], funnel: dict) -> list[dict]:
     return kept
 
 
-def decontaminate(rows: list[dict], benchmarks: dict[str, list[dict]], n: int, funnel: dict) -> list[dict]:
-    """Drop rows sharing any word n-gram with any benchmark problem; count drops per benchmark."""
+def near_dedupe_rows(rows: list[dict], settings: dict, funnel: dict) -> list[dict]:
+    """Drop near-duplicates (near_dedupe.near_duplicates); the earlier row wins, as in :func:`dedupe`.
+
+    A near-duplicate whose gold differs from the kept one is counted in ``near_duplicate_answer_conflicts``:
+    reworded copies agree, while same-template problems with other numbers (not duplicates) usually do not.
+    """
+    match = near_duplicates([tokens(r["problem"]) for r in rows], threshold=float(settings["threshold"]),
+                            num_perm=int(settings["num_perm"]), shingle_words=int(settings["shingle_words"]))
+    kept = []
+    for row, j in zip(rows, match):
+        if j is None:
+            kept.append(row)
+            continue
+        _drop(funnel, row, "near_duplicate")
+        if rows[j]["answer"] != row["answer"]:
+            funnel["near_duplicate_answer_conflicts"] += 1
+    return kept
+
+
+def decontaminate(rows: list[dict], benchmarks: dict[str, list[dict]], n: int, funnel: dict,
+                  boilerplate_min_problems: int = 0) -> list[dict]:
+    """Drop rows sharing any word n-gram with any benchmark problem; count drops per benchmark.
+
+    With ``boilerplate_min_problems = N > 0``, n-grams found in >= N of ``rows`` are exempt (module docstring);
+    ``funnel["boilerplate_exemption"]`` then records how many benchmark n-grams were exempt and how many rows
+    the exemption kept that the plain rule would have dropped.
+    """
     index = benchmark_ngram_index(benchmarks, n)
+    grams_per_row = [ngram_hashes(row["problem"], n) for row in rows]
+    exempt: set[int] = set()
+    if boilerplate_min_problems > 0:
+        doc_freq = Counter(g for grams in grams_per_row for g in grams if g in index)
+        exempt = {g for g, c in doc_freq.items() if c >= boilerplate_min_problems}
+        funnel["boilerplate_exemption"]["exempt_ngrams"] = len(exempt)
     bench_names = list(benchmarks)
     kept = []
-    for row in rows:
+    for row, grams in zip(rows, grams_per_row):
         hits = 0  # bitmask over bench_names
-        for gram in ngram_hashes(row["problem"], n):
-            hits |= index.get(gram, 0)
+        exempt_hits = 0
+        for gram in grams:
+            bits = index.get(gram, 0)
+            if bits and gram in exempt:
+                exempt_hits |= bits
+            else:
+                hits |= bits
         if not hits:
+            if exempt_hits:
+                funnel["boilerplate_exemption"]["rows_kept"] += 1
             kept.append(row)
             continue
         _drop(funnel, row, "contaminated")
@@ -174,12 +242,14 @@ def _empty_funnel(sources: Iterable[str], benchmarks: dict[str, list[dict]], ngr
     sources = list(sources)
     return {
         "steps": list(STEPS),
+        "step_status": {},
         "per_source": {s: {} for s in sources},
         "total": {},
         "drops": Counter(),
         "drops_per_source": {s: Counter() for s in sources},
         "decontamination": {b: 0 for b in benchmarks},
         "duplicate_answer_conflicts": 0,
+        "near_duplicate_answer_conflicts": 0,
         "ngram": ngram,
         "benchmark_sizes": {b: len(rows) for b, rows in benchmarks.items()},
     }
@@ -197,13 +267,20 @@ def _drop(funnel: dict, row: dict, reason: str) -> None:
     funnel["drops_per_source"][row["source"]][reason] += 1
 
 
-def funnel_table(funnel: dict) -> list[list]:
-    """The funnel as a table: header ``["source", *steps]``, one row per source, then ``total``."""
+def funnel_table(funnel: dict, with_drops: bool = False) -> list[list]:
+    """The funnel as a table: header ``["source", *steps]``, one row per source, then ``total``.
+
+    With ``with_drops``, one more column per drop reason (``"dropped:<reason>"``), so every row that entered a
+    step and did not leave it is accounted for in the same table (funnel.csv).
+    """
     steps = funnel["steps"]
-    table = [["source", *steps]]
+    reasons = sorted(funnel["drops"]) if with_drops else []
+    per_source_drops = funnel.get("drops_per_source") or {}
+    table = [["source", *steps, *(f"dropped:{r}" for r in reasons)]]
     for source, per_step in funnel["per_source"].items():
-        table.append([source, *(per_step.get(s, 0) for s in steps)])
-    table.append(["total", *(funnel["total"].get(s, 0) for s in steps)])
+        drops = per_source_drops.get(source, {})
+        table.append([source, *(per_step.get(s, 0) for s in steps), *(drops.get(r, 0) for r in reasons)])
+    table.append(["total", *(funnel["total"].get(s, 0) for s in steps), *(funnel["drops"][r] for r in reasons)])
     return table
 
 
@@ -215,4 +292,15 @@ def format_funnel(funnel: dict) -> str:
              for row in table]
     lines.append("drops: " + ", ".join(f"{k}={v}" for k, v in sorted(funnel["drops"].items())))
     lines.append("decontamination: " + ", ".join(f"{k}={v}" for k, v in funnel["decontamination"].items()))
+    skipped = [s for s, st in (funnel.get("step_status") or {}).items() if st == "skipped"]
+    if skipped:
+        lines.append("skipped steps: " + ", ".join(skipped))
+    extra = [f"{k}={funnel[k]}" for k in ("duplicate_answer_conflicts", "near_duplicate_answer_conflicts")
+             if k in funnel]
+    exemption = funnel.get("boilerplate_exemption") or {}
+    if exemption.get("min_problems"):
+        extra.append(f"boilerplate exemption (n-grams in >= {exemption['min_problems']} problems): "
+                     f"{exemption['exempt_ngrams']} n-grams exempt, {exemption['rows_kept']} rows kept")
+    if extra:
+        lines.append("; ".join(extra))
     return "\n".join(lines)

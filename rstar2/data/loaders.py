@@ -9,9 +9,12 @@ Spec keys::
     name              str, required, non-empty; becomes row["source"] and the id prefix
     path              file path, relative to base_dir or absolute; or "hub:<repo id>" for datasets.load_dataset
     format            optional "jsonl" | "json" | "parquet" | "csv"; else inferred from the extension
-    fields            {"problem": col, "answer": col, "id": optional col}; dotted paths reach into nested
-                      values ("reward_model.ground_truth", "prompt.0.content")
-    filters           optional {col: value} keeps rows whose col equals value (a list value means "one of")
+    fields            {"problem": col, "answer": col, and optional "id", "source", "language": col}; dotted paths
+                      reach into nested values ("reward_model.ground_truth", "prompt.0.content"). "source" (the
+                      upstream origin of a row inside the dataset, e.g. OpenMathReasoning's problem_source) and
+                      "language" are carried to the output rows as "origin" and "language"
+    filters           optional {col: value} keeps rows whose col equals value (a list value means "one of"); e.g.
+                      {lang: en} for a language, {problem_source: aops_c6_high_school_olympiads} for a subset
     limit             optional int: keep the first N rows that pass the filters
     answer_from_boxed optional bool: the gold is the last \\boxed{...} inside the answer field (MATH solutions)
     answer_after      optional str: the gold is the text after the last occurrence of this marker
@@ -39,6 +42,8 @@ HUB_PREFIX = "hub:"
 _EXTENSION_FORMATS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _MISSING = object()  # sentinel: a dotted path that does not resolve (absent key, null, NaN)
 _MAX_LISTED_ROWS = 5
+# Optional field roles -> the row key they fill. Like "id", a mapped optional field must be present in every row.
+_OPTIONAL_ROLES = {"id": "id", "source": "origin", "language": "language"}
 
 # The RL training candidates bundled under data/rl/ (see each folder's SOURCE.md). Order matters: dedupe keeps
 # the first copy of a problem, so the sources with the most trustworthy labels come first. DAPO holds most of the
@@ -60,7 +65,7 @@ BUNDLED_SOURCES: list[dict] = [
 
 
 def load_source(spec: dict, base_dir: Path | str = REPO_ROOT) -> list[dict]:
-    """Read one dataset into rows ``{"id", "source", "problem", "answer_raw"}``.
+    """Read one dataset into rows ``{"id", "source", "problem", "answer_raw"}`` (+ ``origin``, ``language``).
 
     ``answer_raw`` is the gold as text (numbers are stringified: 27.0 -> "27.0"), or None when the row has no
     gold (null with ``on_missing="drop"``, or no ``\\boxed{}`` / marker found). ``id`` is ``"<name>-<id value>"``,
@@ -88,7 +93,7 @@ def load_source(spec: dict, base_dir: Path | str = REPO_ROOT) -> list[dict]:
     # Report every missing field at once (sorted by first bad row), so one run shows the whole schema problem.
     missing = [p for role, col in fields.items()
                 if (p := _missing_field(values[role], keep, role, col,
-                                        strict=(on_missing == "error" or role == "id")))]
+                                        strict=(on_missing == "error" or role in _OPTIONAL_ROLES)))]
     if missing:
         raise context.error("; ".join(message for _, message in sorted(missing)))
 
@@ -181,7 +186,7 @@ def _field_map(spec: dict, name: str) -> dict[str, str]:
     if missing:
         raise ValueError(f"dataset '{name}': spec['fields'] must name the column for {missing} "
                          f"(got {fields!r})")
-    unknown = set(fields) - {"problem", "answer", "id"}
+    unknown = set(fields) - {"problem", "answer", *_OPTIONAL_ROLES}
     if unknown:
         raise ValueError(f"dataset '{name}': unknown keys in spec['fields']: {sorted(unknown)}")
     return {role: str(col) for role, col in fields.items() if col}
@@ -239,12 +244,16 @@ def _missing_field(values: list, keep: list[int], role: str, col: str,
 def _make_row(index: int, values: dict[str, list], k: int, spec: dict, context: _Context) -> dict:
     problem = _problem_text(values["problem"][k], index, spec["fields"]["problem"], context)
     id_value = values["id"][k] if "id" in values else index
-    return {
+    row = {
         "id": f"{context.name}-{_as_text(id_value)}",
         "source": context.name,
         "problem": problem,
         "answer_raw": _gold_text(values["answer"][k], spec),
     }
+    for role in ("source", "language"):
+        if role in values:
+            row[_OPTIONAL_ROLES[role]] = _as_text(values[role][k])
+    return row
 
 
 def _problem_text(value: Any, index: int, col: str, context: _Context) -> str | None:

@@ -10,10 +10,11 @@ from pathlib import Path
 from ..io import read_jsonl, write_jsonl, write_manifest
 
 
-def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
+def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_tokenizer=None) -> None:
     """Writes ``pass_counts.jsonl`` (every mined problem with its passes out of k) and ``hard.jsonl``.
 
-    params: {"k", "subset_size" (0 = all problems), "rollout": {...}, "tool": {...}, "seed"}.
+    params: {"k", "subset_size" (0 = all problems; else a seeded random subset), "rollout": {...}, "tool": {...},
+    "seed"}. ``model_and_tokenizer``: an already loaded (model, tokenizer) instead of ``model_dir`` (tests).
     Raises:
         ValueError: nothing is left after mining (every problem solved k/k): stage 3 would have no data.
     """
@@ -29,7 +30,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     random.Random(params["seed"]).shuffle(rows)
     if params.get("subset_size"):
         rows = rows[: params["subset_size"]]
-    model, tok = models.load(model_dir)
+    model, tok = model_and_tokenizer or models.load(model_dir)
     k = params["k"]
     trajs = run_rollouts(model, tok, [r for r in rows for _ in range(k)], rollout_config(params),
                          progress=Progress("hard_problems"))

@@ -78,6 +78,34 @@ def rl_data_params():
     return as_json({**config["rl_data"], "benchmarks": config["benchmarks"], "seed": config["seed"]})
 
 
+def verifier_model_params():
+    return as_json({**(config["label_verification"]["model"] or {}), "seed": config["seed"]})
+
+
+def _verifier_dir():
+    # null model = verify with the base model (no second copy); otherwise the verifier_model rule materialises it.
+    lv = config["label_verification"]
+    if not lv["enabled"]:
+        return None
+    return "results/verifier_model" if lv["model"] else "results/base_model"
+
+
+def verifier_inputs():
+    return [f"{_verifier_dir()}/manifest.json"] if _verifier_dir() else []
+
+
+def verifier_model_arg():
+    return f"--model {_verifier_dir()}/model" if _verifier_dir() else ""
+
+
+def label_verification_params():
+    lv = config["label_verification"]
+    return as_json({"enabled": lv["enabled"], "samples": lv["samples"], "min_matches": lv["min_matches"],
+                    "only_sources": lv["only_sources"], "tool": config["tool"],
+                    "rollout": _rollout(lv, lv["temperature"], lv["top_p"], lv["batch_size"]),
+                    "seed": config["seed"]})
+
+
 def _rollout(section, temperature, top_p, batch_size):
     return {"max_response_tokens": section["max_response_tokens"], "max_turns": section["max_turns"],
             "temperature": temperature, "top_p": top_p, "batch_size": batch_size}
@@ -123,7 +151,8 @@ def report_inputs():
 
 
 def all_manifests():
-    stages = ["base_model", "sft_data", "sft", "rl_data", "rl/stage1", "rl/stage2", "hard_problems",
+    stages = ["base_model", "sft_data", "sft", "rl_candidates", "rl_data", "rl/stage1", "rl/stage2", "hard_problems",
               "rl/stage3", "report"]
     evals = [f"eval/{m}" for m in config["evaluate"]["models"]]
-    return [f"results/{s}/manifest.json" for s in stages + evals]
+    verifier = ["verifier_model"] if _verifier_dir() == "results/verifier_model" else []
+    return [f"results/{s}/manifest.json" for s in stages + verifier + evals]

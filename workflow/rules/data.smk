@@ -1,21 +1,61 @@
-# RL data curation: integer answers, dedupe, decontamination against the evaluation sets (paper §4.2).
+# RL data curation (paper §4.2): candidates -> integer answers -> exact and near dedupe -> decontamination
+# against the evaluation sets (rl_candidates), then label verification with a verifier model (rl_data).
 
 
-rule rl_data:
+rule rl_candidates:
     input:
         rl_data_files(),
     output:
-        "results/rl_data/manifest.json",
+        "results/rl_candidates/manifest.json",
     params:
         p=rl_data_params(),
     conda:
         "../../envs/rstar2.yaml"
     log:
-        "logs/rl_data.log",
+        "logs/rl_candidates.log",
     priority: 10  # cheap and most likely to reveal a bad custom dataset: run it first
     threads: 1
     shell:
-        "rstar2 rl-data --params {params.p:q} --out results/rl_data 2>&1 | tee {log}"
+        "rstar2 rl-data --params {params.p:q} --out results/rl_candidates 2>&1 | tee {log}"
+
+
+# Only scheduled when label_verification is enabled with its own model (paper: Qwen3-32B).
+rule verifier_model:
+    output:
+        "results/verifier_model/manifest.json",
+    params:
+        p=verifier_model_params(),
+    conda:
+        "../../envs/rstar2.yaml"
+    log:
+        "logs/verifier_model.log",
+    threads: 2
+    shell:
+        "rstar2 base-model --params {params.p:q} --out results/verifier_model 2>&1 | tee {log}"
+
+
+# Label verification; when label_verification.enabled is false it passes the candidates through and records
+# the step as "skipped" in the funnel.
+rule rl_data:
+    input:
+        "results/rl_candidates/manifest.json",
+        verifier_inputs(),
+    output:
+        "results/rl_data/manifest.json",
+        report("results/rl_data/funnel.png", caption="../report/funnel.rst", category="Data"),
+    params:
+        p=label_verification_params(),
+        model=verifier_model_arg(),
+    conda:
+        "../../envs/rstar2.yaml"
+    log:
+        "logs/rl_data.log",
+    benchmark:
+        "benchmarks/rl_data.tsv"
+    threads: 2
+    shell:
+        "rstar2 label-verification --params {params.p:q} --data results/rl_candidates/train.jsonl"
+        " --funnel results/rl_candidates/funnel.json {params.model} --out results/rl_data 2>&1 | tee {log}"
 
 
 rule hard_problems:

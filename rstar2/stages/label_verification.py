@@ -1,0 +1,133 @@
+"""Stage ``rl_data``: label verification, the last step of the RL data funnel (paper §4.2; spec §5.3 step 2).
+
+The paper removes incorrect labels from OpenMathReasoning: Qwen3-32B samples 16 responses per problem, and a
+problem is kept only if at least 2 responses give an integer answer that matches the label. Here the
+configured verifier model runs through the same agent loop and grader as RL and evaluation
+(``rstar2.rollout.run_rollouts``); a response matches when its reward is positive (the gold is an integer, so
+a positive reward means an integer answer equal to the label).
+
+When ``enabled`` is false (the CPU default: a 135M model cannot verify anything) the rows pass through
+unchanged and the funnel records the step as "skipped".
+
+Outputs in ``out_dir``: ``train.jsonl`` (the RL training set), ``verification.jsonl`` (when enabled: every
+verified problem with its matches and predicted answers), ``funnel.json`` / ``funnel.csv`` / ``funnel.png``
+(the candidates' funnel plus this step), and ``manifest.json`` last.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import Counter
+from pathlib import Path
+
+from ..io import read_json, read_jsonl, write_jsonl, write_manifest
+from .rl_data import write_funnel
+
+STEP = "label_verification"
+DROP_REASON = "label_mismatch"
+
+
+def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir: str | None = None,
+        model_and_tokenizer=None) -> None:
+    """Verify the labels of ``data_path``'s problems and write the final RL data to ``out_dir``.
+
+    params::
+
+        enabled      bool: run the verifier (else pass the rows through, step "skipped")
+        samples      responses per problem (paper: 16)
+        min_matches  keep a problem if at least this many responses match its label (paper: 2)
+        only_sources source names to verify (paper: only OpenMathReasoning); empty or missing = all
+        rollout      {max_response_tokens, max_turns, temperature, top_p, batch_size}
+        tool         {name, max_output_chars, timeout_s, ...} as for RL
+        seed         int
+
+    Args:
+        data_path: the curated candidates (JSON Lines with ``id``, ``source``, ``problem``, ``answer``).
+        funnel_path: their funnel.json; this stage appends its step.
+        model_dir: the materialised verifier model folder (needed when enabled, unless ``model_and_tokenizer``).
+        model_and_tokenizer: an already loaded ``(model, tokenizer)`` (tests; a scripted model).
+
+    Raises:
+        ValueError: enabled without a model; samples < 1 or min_matches outside 1..samples; no problem left.
+    """
+    t0 = time.time()
+    rows = read_jsonl(data_path)
+    funnel = copy.deepcopy(read_json(funnel_path))
+    enabled = bool(params.get("enabled"))
+    verified: list[dict] = []
+    if enabled:
+        samples, min_matches = int(params["samples"]), int(params["min_matches"])
+        if samples < 1 or not 1 <= min_matches <= samples:
+            raise ValueError(f"label_verification: need samples >= 1 and 1 <= min_matches <= samples, "
+                             f"got samples={samples}, min_matches={min_matches}")
+        if model_and_tokenizer is None:
+            if not model_dir:
+                raise ValueError("label_verification: enabled but no verifier model folder was given")
+            from .. import models
+            model_and_tokenizer = models.load(model_dir)
+        verify = set(params.get("only_sources") or {r["source"] for r in rows})
+        targets = [r for r in rows if r["source"] in verify]
+        verified = count_matches(targets, model_and_tokenizer, params, samples)
+        kept_ids = {v["id"] for v in verified if v["matches"] >= min_matches}
+        dropped = [r for r in targets if r["id"] not in kept_ids]
+        kept = [r for r in rows if r["source"] not in verify or r["id"] in kept_ids]
+        print(f"[label_verification] {len(targets)} problems verified with {samples} samples each; "
+              f"{len(dropped)} had fewer than {min_matches} matching answers", flush=True)
+    else:
+        dropped, kept = [], rows
+        print("[label_verification] disabled: rows pass through (funnel step 'skipped')", flush=True)
+
+    record_step(funnel, kept, dropped, status="done" if enabled else "skipped")
+    if not kept:
+        raise ValueError(f"label_verification: no problem kept; funnel: {funnel['total']}")
+    out = Path(out_dir)
+    write_jsonl(out / "train.jsonl", kept)
+    if enabled:
+        write_jsonl(out / "verification.jsonl", verified)
+    write_funnel(out, funnel)
+    write_manifest(out, stage="rl_data", params=params, started=t0,
+                   inputs=[data_path, funnel_path] + ([model_dir] if enabled and model_dir else []),
+                   counts={"rows": len(kept), "verified": len(verified), "label_mismatch": len(dropped),
+                           "label_verification": "done" if enabled else "skipped",
+                           "per_source": {s: n[STEP] for s, n in funnel["per_source"].items()},
+                           "drops": funnel["drops"], "decontamination": funnel.get("decontamination", {})})
+
+
+def count_matches(rows: list[dict], model_and_tokenizer, params: dict, samples: int) -> list[dict]:
+    """Sample ``samples`` responses per problem and count those whose answer matches the label.
+
+    Returns:
+        One dict per row, in order: ``{"id", "source", "answer", "matches", "samples", "preds"}`` where
+        ``preds`` are the extracted answers (None when a response gave none).
+    """
+    import torch
+
+    from ..rollout import Progress, run_rollouts
+    from .rl import rollout_config
+
+    torch.manual_seed(int(params.get("seed", 0)))
+    model, tok = model_and_tokenizer
+    trajs = run_rollouts(model, tok, [r for r in rows for _ in range(samples)], rollout_config(params),
+                         progress=Progress("label_verification"))
+    out = []
+    for i, r in enumerate(rows):
+        group = trajs[i * samples:(i + 1) * samples]
+        out.append({"id": r["id"], "source": r["source"], "answer": r["answer"],
+                    "matches": int(sum(t.reward > 0 for t in group)), "samples": samples,
+                    "preds": [t.pred for t in group]})
+    return out
+
+
+def record_step(funnel: dict, kept: list[dict], dropped: list[dict], status: str) -> None:
+    """Append the label-verification step to ``funnel`` (counts per source, drops as ``label_mismatch``)."""
+    funnel["steps"].append(STEP)
+    funnel.setdefault("step_status", {})[STEP] = status
+    counts = Counter(r["source"] for r in kept)
+    for source, per_step in funnel["per_source"].items():
+        per_step[STEP] = counts.get(source, 0)
+    funnel["total"][STEP] = len(kept)
+    for r in dropped:
+        funnel["drops"][DROP_REASON] = funnel["drops"].get(DROP_REASON, 0) + 1
+        per_source = funnel.setdefault("drops_per_source", {}).setdefault(r["source"], {})
+        per_source[DROP_REASON] = per_source.get(DROP_REASON, 0) + 1
