@@ -257,3 +257,28 @@ def test_report_warns_when_a_stage_had_no_learning_signal(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (out / "manifest.json").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0600
+
+
+def test_report_pages_render_in_headless_chromium(tmp_path, fake_inputs):
+    """summary.html and trajectories.html as a browser renders them: tables, decoded figures, code blocks,
+    and model-written markup shown as text, never run."""
+    import browser
+
+    ev = tmp_path / "eval"
+    _write_jsonl(ev / "sft" / "aime24" / "per_problem.jsonl", [
+        {"id": "aime24-60", "rewards": [1.0], "sample": _sample("aime24-60", 1.0, text_extra="<script>x=1</script>")}])
+    out = tmp_path / "report"
+    report.run({"dpi": 40}, fake_inputs, str(out))
+    page = browser.static_page(out / "summary.html", tmp_path)
+    tables = page["tables"]
+    assert ["model", "source", "aime24", "math500", "aime25"] in [t[0] for t in tables]
+    main = next(t for t in tables if t[0][:2] == ["model", "source"])
+    assert ["rStar2-Agent-14B", "paper Table 3 (avg@16)", "80.6", "97.8", "69.8"] in main
+    assert ["sft", "this run", "12.3 [5.7, 20.1]", "45.6 [42.1, 49.0]", "–"] in main
+    assert any(t[0][0] == "step" for t in tables) and any(t[0][0] == "stage" for t in tables)
+    assert len(page["decoded"]) == 3 and all(w > 100 and h > 100 for w, h in page["decoded"])
+
+    traj = browser.static_page(out / "trajectories.html", tmp_path)
+    assert traj["scripts"] == 2                     # the probe's own two; the model's <script> is text
+    assert "print(6*7)" in traj["code"] and any("<script>x=1</script>" in c for c in traj["code"])
+    assert "sft · aime24 · aime24-60" in traj["headings"]
