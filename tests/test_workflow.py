@@ -160,7 +160,7 @@ def test_html_report_in_headless_chromium(workdir, tmp_path):
     assert any(t[0][0] == "stage" and len(t) == 4 for t in summary["tables"])  # three RL stages
     assert len(summary["images"]) == 3 and all(src.startswith("data:image/png") for src in summary["images"])
     traj = shown["results/report/trajectories.html"]["html"]
-    assert "Evaluation: base" in traj["headings"] and "RL stage1, step 2" in traj["headings"]
+    assert "Evaluation: base" in traj["headings"] and "RL stage1, step 1" in traj["headings"]
     assert traj["code"] and traj["scripts"] == 0
 
 
