@@ -32,14 +32,20 @@ the main thread while something else in the same process relies on ``SIGALRM``.
 from __future__ import annotations
 
 import re
-
-from .data.answers import MATH_DELIMITERS, normalize_integer_answer
 import threading
 from fractions import Fraction
 from functools import lru_cache
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
+
+from .data.answers import MATH_DELIMITERS, normalize_integer_answer
+
+#: How a gold answer is read and compared; benchmarks declare one (rstar2.data.benchmarks).
+#: ``math``: the general rules below (a letter gold is compared as a letter); ``integer``: the gold must be an
+#: integer (else a data error), then the general rules; ``choice``: multiple choice, the gold is one letter and
+#: only the predicted letter counts (GPQA-Diamond), so ``\\boxed{(C) 4.2 eV}`` is graded on its ``C``.
+ANSWER_TYPES = ("math", "integer", "choice")
 
 #: Seconds for one Math-Verify parse / one verify call (main thread only; ``signal.alarm`` granularity is 1 s).
 PARSE_TIMEOUT_S = 5
@@ -283,11 +289,18 @@ def _parse_gold(gold: str, timeout: int | None) -> tuple:
     return tuple(parsed)
 
 
-def _gold_problem(gold) -> str | None:
-    """Why ``gold`` is unusable, or None when it is fine. Cheap paths first; Math-Verify last."""
+def _gold_problem(gold, answer_type: str = "math") -> str | None:
+    """Why ``gold`` is unusable as a gold of ``answer_type``, or None when it is fine. Cheap paths first;
+    Math-Verify last."""
+    if answer_type not in ANSWER_TYPES:
+        raise ValueError(f"answer_type must be one of {ANSWER_TYPES}, not {answer_type!r}")
     if gold is None or not str(gold).strip():
         return "empty gold answer"
     g = str(gold).strip()
+    if answer_type == "choice":
+        return None if _choice_letter(g) is not None else "a multiple-choice gold must be one letter A-Z"
+    if answer_type == "integer":
+        return None if _as_int(g) is not None else "gold of an integer-answer benchmark is not an integer"
     if _as_letter(g) is not None or _as_fraction(g) is not None:
         return None
     if _looks_like_prose(g):
@@ -301,16 +314,56 @@ def _gold_problem(gold) -> str | None:
     return None
 
 
-def gold_is_valid(gold) -> bool:
-    """True when ``gold`` can be graded against. Data preparation drops rows for which this is False."""
-    return _gold_problem(gold) is None
+def gold_is_valid(gold, answer_type: str = "math") -> bool:
+    """True when ``gold`` can be graded against. Data preparation drops rows for which this is False.
+
+    Raises:
+        ValueError: ``answer_type`` is not one of :data:`ANSWER_TYPES`.
+    """
+    return _gold_problem(gold, answer_type) is None
 
 
-def check_gold(gold) -> None:
+def check_gold(gold, answer_type: str = "math") -> None:
     """Raise ``ValueError`` naming the gold answer when it cannot be graded against (a data error)."""
-    problem = _gold_problem(gold)
+    problem = _gold_problem(gold, answer_type)
     if problem is not None:
         raise ValueError(f"unparseable gold answer {gold!r}: {problem}")
+
+
+_CHOICE_RE = re.compile(r"\(?\s*([A-Za-z])\s*\)?[.:]?")
+_CHOICE_PREFIX_RE = re.compile(r"\(\s*([A-Za-z])\s*\)|([A-Z])\s*[.:)](?=\s|$)")
+
+
+def _choice_letter(s: str) -> str | None:
+    """The option letter a multiple-choice answer names, upper-cased, or None.
+
+    Accepts ``C``, ``(C)``, ``\\text{(C)}``, ``C.`` and an option written out after its letter
+    (``(C) 4.2 eV``, ``C: 4.2 eV``). A lower-case letter counts only in parentheses: ``c`` alone is as
+    likely a variable.
+    """
+    t = _clean(s)
+    m = _CHOICE_RE.fullmatch(t)
+    if m and (t[0] == "(" or m.group(1).isupper()):
+        return m.group(1).upper()
+    m = _CHOICE_PREFIX_RE.match(t)
+    if m and len(t) > m.end():
+        return (m.group(1) or m.group(2)).upper()
+    return None
+
+
+def grade_choice(pred: str | None, gold: str) -> float:
+    """Multiple-choice grading on the letter: 1.0 if ``pred`` names the gold's option letter, else 0.0.
+
+    GPQA-Diamond's grading is not stated in the paper (spec §6.1, [UNCONFIRMED]); comparing the letter the
+    model boxed is the usual protocol. Never a substring search: ``\\boxed{B or C}`` names no single letter.
+
+    Raises:
+        ValueError: ``gold`` is not one letter (a data error).
+    """
+    check_gold(gold, "choice")
+    if pred is None:
+        return 0.0
+    return float(_choice_letter(pred) == _choice_letter(gold))
 
 
 def _math_verify(pred: str, gold: str) -> bool:
@@ -324,17 +377,21 @@ def _math_verify(pred: str, gold: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=t_verify))
 
 
-def grade(pred: str | None, gold: str) -> float:
+def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
     """1.0 if ``pred`` (an extracted final answer) is equivalent to ``gold``, else 0.0.
 
     Order: gold check (``ValueError`` if unusable) → no/empty prediction 0 → multiple-choice letters →
     exact integers → exact rationals → Math-Verify ``verify(gold, pred)``. Any exception or Math-Verify
-    timeout during the comparison gives 0.0; the reward never defaults to 1.
+    timeout during the comparison gives 0.0; the reward never defaults to 1. ``answer_type="choice"``
+    grades on the option letter only (:func:`grade_choice`).
 
     Raises:
-        ValueError: ``gold`` is empty or unparseable (data error); the message names it.
+        ValueError: ``gold`` is empty or unparseable (data error), or not a gold of ``answer_type``; the
+            message names it.
     """
-    check_gold(gold)
+    if answer_type == "choice":
+        return grade_choice(pred, gold)
+    check_gold(gold, answer_type)
     if pred is None:
         return 0.0
     try:
@@ -358,7 +415,8 @@ def grade(pred: str | None, gold: str) -> float:
         return 0.0
 
 
-def score_trajectory(final_turn: str, gold: str, *, on_bad_gold: str = "raise") -> dict:
+def score_trajectory(final_turn: str, gold: str, *, on_bad_gold: str = "raise",
+                     answer_type: str = "math") -> dict:
     """Extract the final answer of a trajectory and grade it: ``{"pred": str | None, "reward": float}``.
 
     Args:
@@ -367,12 +425,13 @@ def score_trajectory(final_turn: str, gold: str, *, on_bad_gold: str = "raise") 
         gold: the gold answer.
         on_bad_gold: ``"raise"`` (default) lets :func:`grade`'s ``ValueError`` through; ``"zero"`` returns
             reward 0.0 with an ``"error"`` entry instead, so an RL step can count bad rows and go on.
+        answer_type: one of :data:`ANSWER_TYPES` (the benchmark's declared type), passed to :func:`grade`.
     """
     if on_bad_gold not in ("raise", "zero"):
         raise ValueError(f"on_bad_gold must be 'raise' or 'zero', not {on_bad_gold!r}")
     pred = extract_final_answer(final_turn)
     try:
-        reward = grade(pred, gold)
+        reward = grade(pred, gold, answer_type)
     except ValueError as e:
         if on_bad_gold == "raise":
             raise

@@ -242,3 +242,58 @@ def test_score_trajectory_shape():
     assert score_trajectory("<answer>\\boxed{7}</answer>", "7") == {"pred": "7", "reward": 1.0}
     with pytest.raises(ValueError):
         score_trajectory("\\boxed{7}", "7", on_bad_gold="ignore")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Several boxes never become a set; answer types (integer, math, choice)
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("response,gold,expected", [
+    ("\\boxed{1}, \\boxed{2}", "1,2", 0.0),          # the last box alone is the answer: 2, not {1, 2}
+    ("\\boxed{1}, \\boxed{2}", "2", 1.0),
+    ("\\boxed{3} and \\boxed{5}", "\\{3, 5\\}", 0.0),
+    ("\\boxed{3, 5}", "3,5", 1.0),                   # one box holding a tuple is fine
+])
+def test_several_boxes_never_become_a_set(response, gold, expected):
+    assert score_trajectory(response, gold)["reward"] == expected
+
+
+@pytest.mark.parametrize("pred,gold,expected", [
+    ("C", "C", 1.0), ("(C)", "C", 1.0), ("\\text{(C)}", "C", 1.0), ("\\textbf{C}", "C", 1.0),
+    ("(C) 4.2 eV", "C", 1.0), ("C: 4.2 eV", "C", 1.0), ("(c)", "C", 1.0),
+    ("B", "C", 0.0), ("c", "C", 0.0), ("B or C", "C", 0.0), ("4.2 eV", "C", 0.0), ("", "C", 0.0), (None, "C", 0.0),
+])
+def test_choice_is_graded_on_the_letter(pred, gold, expected):
+    assert grade(pred, gold, "choice") == expected
+    assert grading.grade_choice(pred, gold) == expected
+
+
+def test_choice_gold_must_be_a_letter():
+    with pytest.raises(ValueError, match="one letter"):
+        grade("A", "4.2 eV", "choice")
+    assert not gold_is_valid("12", "choice") and gold_is_valid("(D)", "choice")
+    out = score_trajectory("\\boxed{A}", "3.5", answer_type="choice", on_bad_gold="zero")
+    assert out["reward"] == 0.0 and "one letter" in out["error"]
+
+
+def test_integer_answer_type():
+    assert grade("025", "25", "integer") == 1.0 and grade("26", "25", "integer") == 0.0
+    with pytest.raises(ValueError, match="not an integer"):
+        grade("1/2", "\\frac{1}{2}", "integer")
+    with pytest.raises(ValueError, match="answer_type"):
+        grade("1", "1", "letters")
+
+
+def test_exact_rationals_before_float_tolerance():
+    # Math-Verify alone would call these equal within its float tolerance; exact comparison decides first.
+    assert grade("0.3333333333", "\\frac{1}{3}") == 0.0
+    assert grade("\\frac{333333333}{1000000000}", "\\frac{1}{3}") == 0.0
+    assert grade("\\frac{2}{6}", "\\frac{1}{3}") == 1.0
+
+
+def test_score_trajectory_is_picklable_for_forked_workers():
+    """grade/score_trajectory are plain module functions: a process pool can send them to a worker."""
+    import pickle
+
+    assert pickle.loads(pickle.dumps(score_trajectory)) is score_trajectory
+    assert pickle.loads(pickle.dumps(grade)) is grade

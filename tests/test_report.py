@@ -5,10 +5,12 @@ import os
 
 import pytest
 
+from rstar2.report import plots
 from rstar2.stages import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("training_curves.png", "funnel.png", "eval.png")
+PAGES = ("summary.md", "summary.html", "trajectories.md", "trajectories.html")
 
 
 def _metrics_row(step, reward, **kw):
@@ -73,7 +75,7 @@ def fake_inputs(tmp_path):
 
 
 def _check_outputs(out):
-    for name in ("summary.md",) + FIGURES + ("manifest.json",):
+    for name in PAGES + FIGURES + ("manifest.json",):
         assert (out / name).is_file(), name
     for name in FIGURES:
         data = (out / name).read_bytes()
@@ -82,27 +84,47 @@ def _check_outputs(out):
     assert manifest["stage"] == "report"
     # the manifest is written last
     assert all((out / "manifest.json").stat().st_mtime_ns >= (out / n).stat().st_mtime_ns
-               for n in ("summary.md",) + FIGURES)
+               for n in PAGES + FIGURES)
     return (out / "summary.md").read_text(), manifest
 
 
+def _sample(pid, reward, code="print(6*7)", text_extra=""):
+    return {"problem_id": pid, "question": "What is 6*7?", "gold": "42", "finish_reason": "answer",
+            "pred": "42" if reward else "41", "reward": reward, "truncated": False, "num_turns": 2,
+            "response_tokens": 120,
+            "turns": [{"text": "I will compute." + text_extra + "<tool_call>{\"name\": \"x\"}</tool_call>",
+                       "tool_calls": [{"code": code, "status": "ok", "output": "42\n"}]},
+                      {"text": "<answer>\\boxed{42}</answer>", "tool_calls": []}]}
+
+
 def test_report_full(tmp_path, fake_inputs):
+    ev = tmp_path / "eval"
+    _write_jsonl(ev / "sft" / "aime24" / "per_problem.jsonl", [
+        {"id": "aime24-60", "rewards": [1.0], "sample": _sample("aime24-60", 1.0, code="print('<b>bold</b>')",
+                                                                 text_extra="<script>alert(1)</script>")},
+        {"id": "aime24-61", "rewards": [0.0], "sample": _sample("aime24-61", 0.0)}])
+    _write_jsonl(tmp_path / "rl" / "stage1" / "rollouts.jsonl",
+                 [{"step": 1, "kept": True, **_sample("old", 1.0)}]
+                 + [{"step": 2, "kept": k, **_sample(f"s2-{i}", float(k))} for i, k in enumerate([False, True])])
     out = tmp_path / "report"
     report.run({"dpi": 60}, fake_inputs, str(out))
     md, manifest = _check_outputs(out)
 
-    # evaluation table: avg@k in percent with CI, for both models
-    assert "| model | aime24 | math500 | aime25 |" in md
-    assert "12.3 [5.7, 20.1]" in md
-    assert "45.6 [42.1, 49.0]" in md
-    assert "33.3 [20.0, 46.7]" in md
-    assert "25.0 [15.0, 35.0]" in md
-    # paper Table 3 reference beside it
-    assert "80.6" in md and "97.8" in md and "69.8" in md
-    ref_row = next(line for line in md.splitlines() if line.startswith("| rStar2-Agent-14B (paper"))
-    assert ref_row == "| rStar2-Agent-14B (paper Table 3, avg@16) | 80.6 | 97.8 | 69.8 |"
-    # details table
-    assert "| sft | math500 | 500 | 4 | 45.6 | [42.1, 49.0] | 61.0 | 2100.0 | 0.80 | 97.8 |" in md
+    # evaluation table: avg@k in percent with CI for both models, the paper's Table 3 rows beside them
+    assert "| model | source | aime24 | math500 | aime25 |" in md
+    assert "| sft | this run | 12.3 [5.7, 20.1] | 45.6 [42.1, 49.0] | – |" in md
+    assert "| rl_stage3 | this run | 33.3 [20.0, 46.7] | – | 25.0 [15.0, 35.0] |" in md
+    assert "| rStar2-Agent-14B | paper Table 3 (avg@16) | 80.6 | 97.8 | 69.8 |" in md
+    assert "| Qwen3-14B | paper Table 3 | 79.3 | 96.8 | 70.4 |" in md
+    assert "| Kimi k1.5 | paper Table 3 | 77.5 | 96.2 | – |" in md
+    assert "| DeepSeek-R1-Zero (671B) | paper Table 3 | 71.0 | 95.9 | 53.3 |" in md
+    # details: pass@k, maj@k (absent here), the paper's value and mean length (Table 4) beside ours
+    assert "| sft | math500 | – | 500 | 4 | 45.6 | [42.1, 49.0] | 61.0 | – | 2100.0 | 0.80 | – | 97.8 | – |" in md
+    assert "| sft | aime24 | – | 30 | 4 | 12.3 | [5.7, 20.1] | 30.0 | – | 4321.0 | 1.50 | – | 80.6 | 9339.7 |" in md
+    # the full Table 3, HMMT column included
+    assert "| model | reasoning SFT | MATH-500 | AIME24 | AIME25 | HMMT Feb25 |" in md
+    assert "| rStar2-Agent-14B | no | 97.8 | 80.6 | 69.8 | 52.7 |" in md
+    assert "| Claude-Opus-4.0 (Think) | yes | 98.2 | 76.0 | 69.2 | – |" in md
 
     # funnel
     assert "| step | dapo | openr1 | total |" in md
@@ -111,16 +133,63 @@ def test_report_full(tmp_path, fake_inputs):
     assert "| non_integer_answer | 4,917 |" in md
     assert "| aime24 | 21 |" in md
 
-    # training summary: steps, first/last reward, wall time
-    assert "| stage1 | 10 | 0.260 | 0.350 |" in md
-    assert "10.0 min" in md                      # 10 steps x 60 s
+    # training summary: steps, first/last reward, the quantities of paper Figs. 4, 8, 9, wall time
+    assert "| stage1 | 10 | 0.260 | 0.350 | 0.260 | 0.350 | 1100 | 0.050 | 0.020 | 0.300 | 10.0 min |" in md
     assert "| stage2 | 4 | 0.500 | 0.500 |" in md  # the half-written 5th line is skipped ...
     assert "line 5 is not valid JSON" in md        # ... with a note
     assert "| stage3 | 0 | no data |" in md
 
+    # sample trajectories: reasoning, code, output, answer; eval samples and the last RL step only
+    traj = (out / "trajectories.md").read_text()
+    assert "## Evaluation: sft" in traj and "## RL stage1, step 2" in traj
+    assert "sft · aime24 · aime24-60" in traj and "sft · aime24 · aime24-61" in traj
+    assert "stage1 · step 2 · s2-0" in traj and "s2-1" in traj and "· old" not in traj
+    assert "```python\nprint(6*7)\n```" in traj
+    assert "*turn 1, tool call 1: output (ok)*" in traj and "42\n```" in traj
+    assert "I will compute.[tool call: code below]" in traj
+    assert "Final answer: '42' (gold '42') → reward 1.0" in traj and "kept by RoC" in traj
+    html_page = (out / "trajectories.html").read_text()
+    assert "<script>alert" not in html_page and "&lt;script&gt;alert(1)&lt;/script&gt;" in html_page
+    assert "print(&#x27;&lt;b&gt;bold&lt;/b&gt;&#x27;)" in html_page
+    summary_html = (out / "summary.html").read_text()
+    assert summary_html.count("data:image/png;base64,") == 3     # figures embedded
+    assert "<td>rStar2-Agent-14B</td><td>paper Table 3 (avg@16)</td><td>80.6</td>" in summary_html
+
     assert manifest["counts"]["rl_steps"] == {"stage1": 10, "stage2": 4, "stage3": 0}
     assert manifest["counts"]["models"] == 2
+    assert manifest["counts"]["trajectories"] == 4
     assert len(manifest["inputs"]) == 6
+
+
+def test_report_uses_rl_data_funnel_png_and_declared_paper_columns(tmp_path, fake_inputs):
+    """rl_data's own funnel.png is shown as is; a benchmark that declares its paper column (hmmt) gets it."""
+    funnel_png = tmp_path / "rl_data" / "funnel.png"
+    funnel_png.write_bytes(PNG_MAGIC + b"rl_data's own funnel" * 100)
+    _write_json(tmp_path / "eval" / "sft" / "summary.json", {"model": "sft", "benchmarks": {
+        "hmmt_february": {"n_problems": 30, "k": 4, "avg_at_k": 0.1, "avg_at_k_ci": [0.0, 0.2],
+                          "paper": "HMMT Feb25", "answer_type": "math", "maj_at_k": 0.2},
+        "gpqa_diamond": {"n_problems": 198, "k": 4, "avg_at_k": 0.3, "avg_at_k_ci": [0.25, 0.35],
+                         "answer_type": "choice"}}})
+    out = tmp_path / "report"
+    report.run({"dpi": 60}, fake_inputs, str(out))
+    assert (out / "funnel.png").read_bytes() == funnel_png.read_bytes()
+    md = (out / "summary.md").read_text()
+    assert "| model | source | hmmt_february | gpqa_diamond | aime24 | aime25 |" in md
+    assert "| rStar2-Agent-14B | paper Table 3 (avg@16) | 52.7 | 60.9 | 80.6 | 69.8 |" in md
+    assert "| QWQ-32B | paper Table 3 | 47.5 | – | 79.5 | 65.8 |" in md
+    assert "| sft | hmmt_february | math | 30 | 4 | 10.0 | [0.0, 20.0] | – | 20.0 |" in md
+
+
+def test_training_curves_plot_new_metrics_when_present(tmp_path):
+    stages = {"stage1": [_metrics_row(1, 0.2, tool_error_ratio_pos_kept=0.01), _metrics_row(2, 0.3)],
+              "stage2": [_metrics_row(1, 0.4)]}
+    fig = plots.plot_training(stages, tmp_path / "c.png", 50)
+    labels = {t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()}
+    assert "stage1: kept positives (after RoC)" in labels and "stage2: kept positives (after RoC)" not in labels
+    assert {"stage1: positive trajectories", "stage2: truncated", "stage2: all correct"} <= labels
+    fig = plots.plot_training({"stage1": [_metrics_row(1, 0.2)]}, tmp_path / "d.png", 50)
+    labels = {t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()}
+    assert not any("kept positives" in x for x in labels)
 
 
 def test_report_with_no_inputs(tmp_path):
@@ -161,24 +230,20 @@ def test_report_partial_stages_and_percent_values(tmp_path):
     report.run({}, {"rl_stages": {"stage2": str(tmp_path / "s2")}, "eval": {"m": str(tmp_path / "ev")}},
                str(out))
     md, _ = _check_outputs(out)
-    assert "| m | 70.0 [60.0, 80.0] |" in md
-    assert "| rStar2-Agent-14B (paper Table 3, avg@16) | 97.8 |" in md
+    assert "| m | this run | 70.0 [60.0, 80.0] |" in md
+    assert "| rStar2-Agent-14B | paper Table 3 (avg@16) | 97.8 |" in md
     assert "| stage2 | 2 | 0.400 | 0.400 |" in md
 
 
 def test_cumulative_x():
     stages = {"stage1": [{"step": 1}, {"step": 2}, {"step": 3}], "stage2": [{"step": 1}, {}],
               "stage3": []}
-    xs, spans = report._cumulative_x(stages)
+    xs, spans = plots.cumulative_x(stages)
     assert xs == {"stage1": [1, 2, 3], "stage2": [4, 5], "stage3": []}
     assert spans == [("stage1", 0, 3), ("stage2", 3, 5), ("stage3", 5, 5)]
 
 
 def test_report_warns_when_a_stage_had_no_learning_signal(tmp_path):
-    import json
-
-    from rstar2.stages import report
-
     for name, wrong in (("flat", 1.0), ("mixed", 0.5)):
         d = tmp_path / name
         d.mkdir()
@@ -192,3 +257,28 @@ def test_report_warns_when_a_stage_had_no_learning_signal(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (out / "manifest.json").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0600
+
+
+def test_report_pages_render_in_headless_chromium(tmp_path, fake_inputs):
+    """summary.html and trajectories.html as a browser renders them: tables, decoded figures, code blocks,
+    and model-written markup shown as text, never run."""
+    import browser
+
+    ev = tmp_path / "eval"
+    _write_jsonl(ev / "sft" / "aime24" / "per_problem.jsonl", [
+        {"id": "aime24-60", "rewards": [1.0], "sample": _sample("aime24-60", 1.0, text_extra="<script>x=1</script>")}])
+    out = tmp_path / "report"
+    report.run({"dpi": 40}, fake_inputs, str(out))
+    page = browser.static_page(out / "summary.html", tmp_path)
+    tables = page["tables"]
+    assert ["model", "source", "aime24", "math500", "aime25"] in [t[0] for t in tables]
+    main = next(t for t in tables if t[0][:2] == ["model", "source"])
+    assert ["rStar2-Agent-14B", "paper Table 3 (avg@16)", "80.6", "97.8", "69.8"] in main
+    assert ["sft", "this run", "12.3 [5.7, 20.1]", "45.6 [42.1, 49.0]", "–"] in main
+    assert any(t[0][0] == "step" for t in tables) and any(t[0][0] == "stage" for t in tables)
+    assert len(page["decoded"]) == 3 and all(w > 100 and h > 100 for w, h in page["decoded"])
+
+    traj = browser.static_page(out / "trajectories.html", tmp_path)
+    assert traj["scripts"] == 2                     # the probe's own two; the model's <script> is text
+    assert "print(6*7)" in traj["code"] and any("<script>x=1</script>" in c for c in traj["code"])
+    assert "sft · aime24 · aime24-60" in traj["headings"]

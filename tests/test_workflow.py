@@ -148,6 +148,35 @@ def test_deleted_stage2_reruns_stage2_and_dependents_only(workdir):
     assert planned_eval_models(workdir, str(changed)) == {"rl_stage2", "rl_stage3"}
 
 
+@pytest.mark.slow
+def test_html_report_in_headless_chromium(workdir, tmp_path):
+    """Snakemake's HTML report of the finished run, clicked through in headless Chromium: every figure
+    decodes, the summary page holds the evaluation table beside the paper's Table 3, the funnel and the
+    training tables, and the trajectory page shows code."""
+    import browser
+
+    if not (workdir / "results/report/manifest.json").exists():
+        pytest.skip("needs the completed run of test_killed_mid_stage_then_completes")
+    smk(workdir, "--report", "report.html", "--configfile", TINY)
+    got = browser.snakemake_report(workdir / "report.html", tmp_path)
+    assert set(got["categories"]) == {"Evaluation", "Training", "Data", "Summary", "Trajectories"}
+    shown = got["shown"]
+    for png in ("training_curves.png", "eval.png", "funnel.png"):
+        entry = shown[f"results/report/{png}"]
+        assert entry["clicked"] and entry["img"]["width"] > 300 and entry["img"]["height"] > 200, (png, entry)
+    summary = shown["results/report/summary.html"]["html"]
+    main = next(t for t in summary["tables"] if t[0][:2] == ["model", "source"])
+    assert main[0] == ["model", "source", "aime24", "aime25", "amc23", "math500"]
+    assert [r[0] for r in main[1:6]] == ["base", "sft", "rl_stage1", "rl_stage2", "rl_stage3"]
+    assert ["rStar2-Agent-14B", "paper Table 3 (avg@16)", "80.6", "69.8", "–", "97.8"] in main
+    assert any(t[0][0] == "step" for t in summary["tables"])                 # the data funnel
+    assert any(t[0][0] == "stage" and len(t) == 4 for t in summary["tables"])  # three RL stages
+    assert len(summary["images"]) == 3 and all(src.startswith("data:image/png") for src in summary["images"])
+    traj = shown["results/report/trajectories.html"]["html"]
+    assert "Evaluation: base" in traj["headings"] and "RL stage1, step 1" in traj["headings"]
+    assert traj["code"] and traj["scripts"] == 0
+
+
 def test_package_import_never_imports_vllm():
     code = ("import sys, rstar2.cli, rstar2.rollout, rstar2.rl.trainer, rstar2.stages.rl, rstar2.stages.evaluate;"
             "assert 'vllm' not in sys.modules, 'vllm imported'")

@@ -40,8 +40,16 @@ rule report:
         ),
         report("results/report/eval.png", caption="../report/eval.rst", category="Evaluation"),
         report("results/report/funnel.png", caption="../report/funnel.rst", category="Data"),
+        report("results/report/summary.html", caption="../report/summary.rst", category="Summary"),
+        report(
+            "results/report/trajectories.html",
+            caption="../report/trajectories.rst",
+            category="Trajectories",
+        ),
+        "results/report/summary.md",
+        "results/report/trajectories.md",
     params:
-        p=as_json({"paper_table": "rstar2-agent-14b"}),
+        p=as_json(config["report"]),
         inputs=report_inputs(),
     conda:
         "../../envs/rstar2.yaml"

@@ -1,0 +1,204 @@
+"""Figures of the report, drawn on ``matplotlib.figure.Figure`` with the Agg canvas (no pyplot state, no display).
+
+- ``training_curves.png``: the RL curves of paper Figs. 4, 8, 9 over all stages (x = step, cumulative);
+- ``funnel.png``: the RL data funnel (rl_data's own ``funnel.png`` is used instead when it exists);
+- ``eval.png``: avg@k per benchmark with bootstrap CIs beside the paper's rStar2-Agent-14B numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..io import atomic_path
+from . import paper
+from .inputs import num as _num, pct as _pct
+
+NO_DATA = "no data"
+
+#: Panels of training_curves.png: (title, [(metrics key, label, line style)]). A key no stage logged is skipped;
+#: a panel with no key logged says "no data".
+CURVE_PANELS = [
+    ("reward / accuracy", [("reward_mean", "reward mean", "-"), ("accuracy", "accuracy", "--")]),
+    ("response length (tokens)", [("response_length_mean", "mean", "-"), ("response_length_max", "max", ":")]),
+    ("tool calls per trajectory", [("tool_calls_per_traj", "tool calls", "-")]),
+    ("tool error ratio", [("tool_error_ratio", "all trajectories", "-"),
+                          ("tool_error_ratio_pos", "positive trajectories", "--"),
+                          ("tool_error_ratio_pos_kept", "kept positives (after RoC)", "-.")]),
+    ("truncation ratio", [("truncation_ratio", "truncated", "-")]),
+    ("all-correct / all-wrong groups", [("all_correct_frac", "all correct", "-"),
+                                        ("all_wrong_frac", "all wrong", "--")]),
+]
+
+
+def _new_figure(w: float, h: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: Path, dpi: int) -> None:
+    """Save a PNG atomically."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png", bbox_inches="tight")
+
+
+def _no_data(ax, what: str = NO_DATA) -> None:
+    ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def cumulative_x(stages: dict[str, list[dict]]) -> tuple[dict[str, list[float]], list[tuple[str, float, float]]]:
+    """x positions per stage (cumulative step across stages) and each stage's (name, start, end)."""
+    xs, spans, offset = {}, [], 0.0
+    for name, rows in stages.items():
+        x = []
+        for i, r in enumerate(rows):
+            s = _num(r.get("step"))
+            x.append(offset + (s if s is not None else i + 1))
+        xs[name] = x
+        end = max(x) if x else offset
+        spans.append((name, offset, end))
+        offset = end
+    return xs, spans
+
+
+def plot_training(stages: dict[str, list[dict]], path: Path, dpi: int):
+    """One panel per entry of :data:`CURVE_PANELS`, a colour per stage, x = step cumulative across stages.
+    Saves the PNG and returns the matplotlib Figure."""
+    import matplotlib
+
+    fig = _new_figure(15, 8.5)
+    axes = fig.subplots(2, 3).ravel()
+    xs, spans = cumulative_x(stages)
+    colors = matplotlib.colormaps["tab10"].colors
+    for ax, (title, series) in zip(axes, CURVE_PANELS):
+        ax.set_title(title)
+        drawn = False
+        for si, (name, rows) in enumerate(stages.items()):
+            for ki, (key, label, style) in enumerate(series):
+                pts = [(x, _num(r.get(key))) for x, r in zip(xs[name], rows)]
+                pts = [(x, y) for x, y in pts if y is not None]
+                if not pts:
+                    continue
+                # a different marker per quantity: curves that coincide (reward mean and accuracy are equal
+                # for a binary reward) stay distinguishable
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=colors[si % len(colors)],
+                        marker=".x^"[ki % 3] if len(pts) < 30 else None, label=f"{name}: {label}")
+                drawn = True
+        if not drawn:
+            _no_data(ax)
+            continue
+        for name, start, end in spans[1:]:
+            ax.axvline(start, color="0.6", lw=0.8, ls=":")
+        ax.set_xlabel("RL step (cumulative across stages)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("RL training curves" + ("" if stages else f" ({NO_DATA})"))
+    _save(fig, path, dpi)
+    return fig
+
+
+def plot_funnel(funnel: dict | None, path: Path, dpi: int) -> None:
+    """Problems remaining after each curation step stacked by source, and drops by reason."""
+    import matplotlib
+
+    fig = _new_figure(14, 5.5)
+    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    per_source = (funnel or {}).get("per_source") or {}
+    steps = list((funnel or {}).get("steps") or [])
+    for counts in per_source.values():
+        for st in (counts or {}):
+            if st not in steps:
+                steps.append(st)
+    if per_source and steps:
+        colors = matplotlib.colormaps["tab20"].colors
+        y = list(range(len(steps)))
+        left = [0.0] * len(steps)
+        for i, (src, counts) in enumerate(per_source.items()):
+            vals = [_num((counts or {}).get(st)) or 0.0 for st in steps]
+            ax1.barh(y, vals, left=left, color=colors[i % len(colors)], label=src)
+            left = [a + b for a, b in zip(left, vals)]
+        for yi, tot in zip(y, left):
+            ax1.text(tot, yi, f" {int(tot):,}", va="center", fontsize=8)
+        ax1.margins(x=0.15)
+        ax1.set_yticks(y, steps)
+        ax1.invert_yaxis()
+        ax1.set_xlabel("problems")
+        ax1.legend(fontsize=7, loc="lower right")
+        ax1.grid(axis="x", alpha=0.3)
+    else:
+        _no_data(ax1)
+    ax1.set_title("problems remaining after each step, by source")
+    drops = {k: _num(v) for k, v in ((funnel or {}).get("drops") or {}).items()}
+    drops = {k: v for k, v in drops.items() if v is not None}
+    if drops:
+        items = sorted(drops.items(), key=lambda kv: kv[1])
+        ax2.barh(range(len(items)), [v for _, v in items], color="tab:red")
+        for yi, (_, v) in enumerate(items):
+            ax2.text(v, yi, f" {int(v):,}", va="center", fontsize=8)
+        ax2.margins(x=0.15)
+        ax2.set_yticks(range(len(items)), [k for k, _ in items])
+        ax2.set_xlabel("problems dropped")
+        ax2.grid(axis="x", alpha=0.3)
+    else:
+        _no_data(ax2)
+    ax2.set_title("drops by reason")
+    fig.suptitle("RL data funnel")
+    _save(fig, path, dpi)
+
+
+def plot_eval(evals: dict[str, dict | None], benches: dict[str, str | None], path: Path, dpi: int) -> None:
+    """Grouped bars of avg@k (percent) per benchmark and model with 95% CI error bars, and a hatched bar for
+    the paper's rStar2-Agent-14B value where the benchmark has a paper column (``benches``: bench -> column)."""
+    import matplotlib
+
+    fig = _new_figure(max(7, 2.2 * max(1, len(benches)) + 3), 5)
+    ax = fig.subplots()
+    models = {m: s for m, s in evals.items() if s and (s.get("benchmarks") or {})}
+    if not models or not benches:
+        _no_data(ax)
+        ax.set_title("evaluation")
+        _save(fig, path, dpi)
+        return
+    colors = matplotlib.colormaps["tab10"].colors
+    n = len(models) + 1
+    width = 0.8 / n
+    for mi, (m, s) in enumerate(models.items()):
+        xs, ys, errs = [], [], [[], []]
+        for bi, b in enumerate(benches):
+            e = (s.get("benchmarks") or {}).get(b)
+            y = _pct(e.get("avg_at_k")) if isinstance(e, dict) else None
+            if y is None:
+                continue
+            ci = e.get("avg_at_k_ci") or []
+            lo, hi = (_pct(ci[0]), _pct(ci[1])) if isinstance(ci, (list, tuple)) and len(ci) == 2 else (None, None)
+            xs.append(bi - 0.4 + width * (mi + 0.5))
+            ys.append(y)
+            errs[0].append(max(0.0, y - lo) if lo is not None else 0.0)
+            errs[1].append(max(0.0, hi - y) if hi is not None else 0.0)
+        if xs:
+            ax.bar(xs, ys, width, yerr=errs, capsize=3, color=colors[mi % len(colors)], label=m)
+            for x, y in zip(xs, ys):
+                ax.text(x, y + 1, f"{y:.1f}", ha="center", va="bottom", fontsize=7)
+    ref_x, ref_y = [], []
+    for bi, b in enumerate(benches):
+        ref = paper.reference(paper.OURS, benches[b]) if benches[b] else None
+        if ref is not None:
+            ref_x.append(bi - 0.4 + width * (n - 0.5))
+            ref_y.append(ref)
+    if ref_x:
+        ax.bar(ref_x, ref_y, width, color="white", edgecolor="black", hatch="//",
+               label="rStar2-Agent-14B (paper)")
+        for x, y in zip(ref_x, ref_y):
+            ax.text(x, y + 1, f"{y:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(benches)), list(benches))
+    ax.set_ylabel("avg@k pass@1 (%)")
+    ax.set_ylim(0, 110)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("evaluation: avg@k with 95% bootstrap CI")
+    _save(fig, path, dpi)

@@ -1,0 +1,183 @@
+"""The report's sections as document blocks: evaluation beside the paper, data funnel, RL training summary."""
+
+from __future__ import annotations
+
+from . import paper
+from .document import Figure, Heading, Para, Table
+from .inputs import benchmarks_of, num, pct
+
+NO_DATA = "no data"
+
+
+def fmt(x, digits: int = 1) -> str:
+    v = num(x)
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def fmt_int(x) -> str:
+    v = num(x)
+    return "–" if v is None else f"{int(round(v)):,}"
+
+
+def fmt_seconds(s) -> str:
+    v = num(s)
+    if v is None:
+        return "–"
+    if v < 120:
+        return f"{v:.1f} s"
+    if v < 7200:
+        return f"{v / 60:.1f} min"
+    return f"{v / 3600:.2f} h"
+
+
+def _ci(e: dict) -> tuple[float | None, float | None]:
+    ci = e.get("avg_at_k_ci")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2:
+        return pct(ci[0]), pct(ci[1])
+    return None, None
+
+
+def _with_ci(e: dict | None) -> str:
+    if not isinstance(e, dict) or num(e.get("avg_at_k")) is None:
+        return "–"
+    lo, hi = _ci(e)
+    txt = fmt(pct(e["avg_at_k"]))
+    return txt + (f" [{lo:.1f}, {hi:.1f}]" if lo is not None and hi is not None else "")
+
+
+def evaluation(evals: dict[str, dict | None]) -> list:
+    """The evaluation table (our models, then the paper's Table 3 rows in the columns we evaluated), the
+    per-benchmark details, and the full Table 3 for reference."""
+    blocks: list = [Heading("Evaluation")]
+    benches = benchmarks_of(evals)
+    models = {m: s for m, s in evals.items() if s and (s.get("benchmarks") or {})}
+    if not models:
+        blocks.append(Para(f"Evaluation: {NO_DATA}."))
+    else:
+        rows = [[m, "this run"] + [_with_ci((s.get("benchmarks") or {}).get(b)) for b in benches]
+                for m, s in models.items()]
+        for name, _, _ in paper.TABLE3:
+            vals = [paper.reference(name, col) if col else None for col in benches.values()]
+            if any(v is not None for v in vals):
+                rows.append([name, "paper Table 3" if name != paper.OURS else "paper Table 3 (avg@16)"]
+                            + [fmt(v) for v in vals])
+        blocks.append(Table(["model", "source"] + list(benches), rows,
+                            caption="avg@k pass@1 in percent, with its 95% bootstrap confidence interval over "
+                                    "problems for this run (k samples per problem; paper protocol: avg@16 at "
+                                    "temperature 0.6, 30K tokens, 30 turns). Paper rows as reported in Table 3 "
+                                    "(GPQA-Diamond: Table 5)."))
+        rows = []
+        for m, s in models.items():
+            for b, e in (s.get("benchmarks") or {}).items():
+                if not isinstance(e, dict):
+                    continue
+                lo, hi = _ci(e)
+                col = benches.get(b)
+                ref = paper.reference(paper.OURS, col) if col else None
+                ref_len = paper.TABLE4_LENGTH[paper.OURS].get(col) if col else None
+                rows.append([m, b, e.get("answer_type", "–"), fmt_int(e.get("n_problems")), fmt_int(e.get("k")),
+                             fmt(pct(e.get("avg_at_k"))),
+                             f"[{fmt(lo)}, {fmt(hi)}]" if lo is not None else "–",
+                             fmt(pct(e.get("pass_at_k"))), fmt(pct(e.get("maj_at_k"))),
+                             fmt(e.get("mean_response_tokens")), fmt(e.get("mean_tool_calls"), 2),
+                             fmt(pct(e.get("truncation_ratio"))), fmt(ref), fmt(ref_len)])
+        blocks += [Heading("Details", 3),
+                   Table(["model", "benchmark", "answer type", "problems", "k", "avg@k (%)", "95% CI",
+                          "pass@k (%)", "maj@k (%)", "mean response tokens", "mean tool calls", "truncated (%)",
+                          "paper (%)", "paper mean length"], rows,
+                         caption="pass@k is the unbiased estimator over the k samples; maj@k is majority voting; "
+                                 "paper columns: rStar2-Agent-14B (Tables 3-5).")]
+    blocks += [Heading("Paper Table 3 (pass@1, %)", 3),
+               Table(["model", "reasoning SFT"] + paper.TABLE3_COLUMNS,
+                     [[name, {True: "yes", False: "no", None: "–"}[sft]] + [fmt(v.get(c)) for c in paper.TABLE3_COLUMNS]
+                      for name, sft, v in paper.TABLE3])]
+    return blocks
+
+
+def funnel(funnel_: dict | None, figure: str | None) -> list:
+    """The RL data funnel table (problems per source after each step), drops by reason, decontamination."""
+    blocks: list = [Heading("RL data funnel")]
+    if not funnel_ or not (funnel_.get("per_source") or funnel_.get("drops") or funnel_.get("decontamination")):
+        return blocks + [Para(f"Data funnel: {NO_DATA}.")]
+    per_source = funnel_.get("per_source") or {}
+    steps = list(funnel_.get("steps") or [])
+    for counts in per_source.values():
+        steps += [st for st in (counts or {}) if st not in steps]
+    if per_source and steps:
+        sources = list(per_source)
+        rows = []
+        for st in steps:
+            vals = [num((per_source[s] or {}).get(st)) for s in sources]
+            total = sum(v for v in vals if v is not None) if any(v is not None for v in vals) else None
+            rows.append([st] + [fmt_int(v) for v in vals] + [fmt_int(total)])
+        blocks.append(Table(["step"] + sources + ["total"], rows))
+    drops = funnel_.get("drops") or {}
+    if drops:
+        blocks += [Heading("Drops by reason", 3),
+                   Table(["reason", "count"], [[r, fmt_int(n)] for r, n in
+                                               sorted(drops.items(), key=lambda kv: -(num(kv[1]) or 0))])]
+    decon = funnel_.get("decontamination") or {}
+    if decon:
+        blocks += [Heading("Decontamination (problems removed per benchmark)", 3),
+                   Table(["benchmark", "removed"], [[b, fmt_int(n)] for b, n in decon.items()])]
+    if figure:
+        blocks.append(Figure(figure, "RL data funnel"))
+    return blocks
+
+
+def _stage_stats(rows: list[dict], manifest: dict | None) -> dict:
+    def series(key):
+        return [v for v in (num(r.get(key)) for r in rows) if v is not None]
+    rewards, acc, times, steps = series("reward_mean"), series("accuracy"), series("step_time_s"), series("step")
+    last = {k: (series(k) or [None])[-1] for k in ("response_length_mean", "tool_error_ratio_pos",
+                                                   "truncation_ratio", "all_correct_frac")}
+    return {
+        "steps": len(rows),
+        "first_reward": rewards[0] if rewards else None, "last_reward": rewards[-1] if rewards else None,
+        "first_acc": acc[0] if acc else None, "last_acc": acc[-1] if acc else None,
+        "last": last,
+        "wall": sum(times) if times else num((manifest or {}).get("wall_time_s")),
+        "last_step": int(steps[-1]) if steps else None,
+    }
+
+
+def training(stages: dict[str, list[dict]], manifests: dict[str, dict | None]) -> list:
+    """One row per RL stage (first/last reward and accuracy, last length, tool error ratio of positives,
+    truncation ratio, all-correct fraction, wall time), and a warning per stage without learning signal."""
+    blocks: list = [Heading("RL training")]
+    if not stages:
+        return blocks + [Para(f"RL training: {NO_DATA}.")]
+    rows = []
+    for name, rows_ in stages.items():
+        st = _stage_stats(rows_, manifests.get(name))
+        if st["steps"] == 0:
+            rows.append([name, "0", NO_DATA, NO_DATA, "–", "–", "–", "–", "–", "–", fmt_seconds(st["wall"])])
+            continue
+        last = st["last"]
+        rows.append([name, str(st["steps"]), fmt(st["first_reward"], 3), fmt(st["last_reward"], 3),
+                     fmt(st["first_acc"], 3), fmt(st["last_acc"], 3), fmt(last["response_length_mean"], 0),
+                     fmt(last["tool_error_ratio_pos"], 3), fmt(last["truncation_ratio"], 3),
+                     fmt(last["all_correct_frac"], 3), fmt_seconds(st["wall"])])
+    blocks.append(Table(["stage", "steps", "first reward", "last reward", "first accuracy", "last accuracy",
+                         "last mean response length", "last tool error ratio (positives)", "last truncation ratio",
+                         "last all-correct groups", "wall time"], rows,
+                        caption="Wall time is the sum of per-step times (the stage manifest's wall time when "
+                                "steps carry none)."))
+    blocks += no_signal_warnings(stages)
+    blocks.append(Figure("training_curves.png", "RL training curves (paper Figs. 4, 8, 9)"))
+    return blocks
+
+
+def no_signal_warnings(stages: dict[str, list[dict]]) -> list:
+    """Say plainly when a stage had no learning signal: every group's rewards were equal in every step,
+    so every advantage was 0 and the update left the weights unchanged."""
+    out = []
+    for name, rows in stages.items():
+        flat = [r for r in rows if num(r.get("all_correct_frac")) is not None and num(r.get("all_wrong_frac")) is not None]
+        if flat and len(flat) == len(rows) and all(r["all_correct_frac"] + r["all_wrong_frac"] >= 1 for r in flat):
+            wrong = sum(r["all_wrong_frac"] >= 1 for r in flat)
+            out.append(Para(f"Warning ({name}): no learning signal. In all {len(flat)} steps every group had equal "
+                            f"rewards ({wrong} steps all wrong, {len(flat) - wrong} all correct), so every advantage "
+                            "was 0 and this stage did not change the model. Use easier problems, more rollouts per "
+                            "group or a stronger base model.", strong=True))
+    return out

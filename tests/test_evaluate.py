@@ -1,0 +1,126 @@
+"""The evaluate stage with a scripted policy in place of the model: grading by declared answer type, the
+summary metrics, and resumption that recomputes nothing."""
+
+import json
+
+import pytest
+
+from rstar2 import models, rollout
+from rstar2.rollout import Trajectory
+from rstar2.stages import evaluate
+
+# what the scripted policy answers per problem id: a list cycled over the samples; "CUT" = truncated response
+SCRIPT = {"ints-1": ["\\boxed{025}", "\\boxed{7}", "\\boxed{25}"],       # 2 of 3 right
+          "ints-2": ["\\boxed{3}", "\\boxed{4}", "\\boxed{4}"],          # none right, majority 4
+          "ints-3": ["\\boxed{9}", "CUT", "\\boxed{9}"],                 # 2 of 3, one truncated
+          "mc-q1": ["\\boxed{A}", "\\boxed{B}", "\\boxed{C}"]}
+
+
+@pytest.fixture
+def bench_files(tmp_path):
+    ints = tmp_path / "ints.jsonl"
+    ints.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": 1, "problem": "p1", "answer": "25"}, {"id": 2, "problem": "p2", "answer": "5"},
+        {"id": 3, "problem": "p3", "answer": "9"}]))
+    mc = tmp_path / "mc.csv"
+    mc.write_text("id,q,right,w1\nq1,Which?,yes,no\n")
+    return {"ints": {"path": str(ints), "fields": {"problem": "problem", "answer": "answer", "id": "id"},
+                     "answer_type": "integer", "paper": "AIME24"},
+            "mc": {"path": str(mc), "fields": {"problem": "q", "answer": "right", "id": "id"},
+                   "choices": ["w1"], "answer_type": "choice"}}
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    calls = []
+
+    def fake_run_rollouts(model, tok, problems, cfg, progress=None):
+        calls.append(problems)
+        out, seen = [], {}
+        for p in problems:
+            i = seen[p["id"]] = seen.get(p["id"], -1) + 1
+            text = SCRIPT[p["id"]][i % 3]
+            t = Trajectory(problem_id=p["id"], question=p["problem"], gold=p.get("answer"), prompt_ids=[1],
+                           response_ids=[5] * (10 + i), response_mask=[1] * (10 + i),
+                           turns=[{"text": "<tool_call>{}</tool_call>", "tool_calls": [{"code": "print(1)",
+                                   "status": "ok", "output": "\\boxed{25}"}]},
+                                  {"text": text.replace("CUT", "so \\boxed{"), "tool_calls": []}],
+                           finish_reason="budget" if text == "CUT" else "answer")
+            out.append(t)
+        return out
+
+    monkeypatch.setattr(models, "load", lambda d: (object(), object()))
+    monkeypatch.setattr(rollout, "run_rollouts", fake_run_rollouts)
+    return calls
+
+
+def _params(benchmarks, **kw):
+    return {"benchmarks": benchmarks, "limit": 0, "k": 3, "seed": 0, "tool": {},
+            "rollout": {"max_response_tokens": 64, "max_turns": 2, "temperature": 0.6, "top_p": 0.95,
+                        "batch_size": 6}, **kw}
+
+
+def test_evaluate_grades_summarises_and_resumes(tmp_path, bench_files, scripted):
+    out = tmp_path / "eval" / "m"
+    params = _params(bench_files)
+    evaluate.run(params, "m", "unused", str(out))
+    # the gold never goes into the rollout
+    assert all("answer" not in p for batch in scripted for p in batch)
+    assert sum(len(b) for b in scripted) == 4 * 3
+    rows = {r["id"]: r for line in (out / "ints" / "per_problem.jsonl").read_text().splitlines()
+            for r in [json.loads(line)]}
+    assert rows["ints-1"]["rewards"] == [1.0, 0.0, 1.0]       # "025" is 25; tool output's \boxed{25} never counts
+    assert rows["ints-2"]["rewards"] == [0.0, 0.0, 0.0]
+    assert rows["ints-3"]["rewards"] == [1.0, 0.0, 1.0] and rows["ints-3"]["truncated"] == [False, True, False]
+    assert rows["ints-3"]["preds"] == ["9", None, "9"]
+    assert rows["ints-1"]["sample"]["gold"] == "25" and rows["ints-1"]["answer_type"] == "integer"
+
+    summary = json.loads((out / "summary.json").read_text())["benchmarks"]
+    ints = summary["ints"]
+    assert ints["n_problems"] == 3 and ints["k"] == 3 and ints["answer_type"] == "integer"
+    assert ints["paper"] == "AIME24"
+    assert ints["avg_at_k"] == pytest.approx((2 / 3 + 0 + 2 / 3) / 3)
+    assert ints["pass_at_k"] == pytest.approx(2 / 3)
+    assert ints["maj_at_k"] == pytest.approx(2 / 3)                 # "25"/"025" vote together; 4 beats 3
+    assert ints["mean_response_tokens"] == pytest.approx(11.0)
+    assert ints["mean_tool_calls"] == pytest.approx(1.0)
+    assert ints["truncation_ratio"] == pytest.approx(1 / 9)
+    lo, hi = ints["avg_at_k_ci"]
+    assert 0.0 <= lo <= ints["avg_at_k"] <= hi <= 2 / 3
+    mc = summary["mc"]
+    mc_row = json.loads((out / "mc" / "per_problem.jsonl").read_text())
+    gold = mc_row["answer"]
+    assert mc_row["answer_type"] == "choice" and gold in "AB"
+    assert mc_row["rewards"] == [float(x == gold) for x in "ABC"] and mc["avg_at_k"] == pytest.approx(1 / 3)
+
+    # a finished evaluation run again recomputes nothing and gives the same summary
+    scripted.clear()
+    evaluate.run(params, "m", "unused", str(out))
+    assert scripted == []
+    assert json.loads((out / "summary.json").read_text())["benchmarks"] == summary
+
+    # killed after some problems: only the missing ones are rolled out
+    path = out / "ints" / "per_problem.jsonl"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:2]))
+    evaluate.run(params, "m", "unused", str(out))
+    assert [p["id"] for b in scripted for p in b] == ["ints-3"] * 3
+    assert json.loads((out / "summary.json").read_text())["benchmarks"] == summary
+
+    # other params: earlier results are stale and everything is redone
+    scripted.clear()
+    evaluate.run(_params(bench_files, seed=1), "m", "unused", str(out))
+    assert sum(len(b) for b in scripted) == 4 * 3
+
+
+def test_bad_gold_stops_before_any_rollout(tmp_path, bench_files, scripted):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": 1, "problem": "p", "answer": "see figure"}) + "\n")
+    spec = {"path": str(bad), "fields": {"problem": "problem", "answer": "answer", "id": "id"}, "answer_type": "math"}
+    with pytest.raises(ValueError, match=r"'bad'.*bad-1.*see figure"):
+        evaluate.run(_params({"bad": spec}), "m", "unused", str(tmp_path / "out"))
+    assert scripted == []
+
+
+def test_summarise_with_no_rows_is_all_none():
+    s = evaluate.summarise([], 16)
+    assert s["n_problems"] == 0 and s["avg_at_k"] is None and s["maj_at_k"] is None
