@@ -1,0 +1,213 @@
+"""Executor pool: warm fork-server workers ("zygotes") that run tool calls in forked, isolated children.
+
+Paper §3.1 (execution workers on CPU nodes, isolated from the trainer); reference/sandbox_notes.md
+recommends this shape: one zygote per spare core, each inside one bubblewrap sandbox, one forked child per
+call. The host side here only moves JSON lines: every process that touches model-written code lives in the
+zygote's sandbox. A zygote that dies or stops answering (host deadline = call timeout + ``grace_s``) is
+killed with its whole sandbox and replaced; its in-flight calls come back as ``error`` results.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import Future
+
+from . import isolation as iso_mod
+from .results import ExecResult, SandboxLimits
+
+log = logging.getLogger("rstar2.sandbox")
+
+# The math stack a model's code usually imports (spec §3.2: numpy, scipy, sympy); importing it once in the
+# zygote is what makes a sympy+numpy call cost a fork instead of ~0.7 s of imports.
+DEFAULT_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
+                   "bisect", "statistics", "random", "re", "string", "json", "numpy", "sympy", "scipy",
+                   "scipy.special", "scipy.optimize", "scipy.integrate", "scipy.linalg")
+CHILD_ENV = {"MPLBACKEND": "Agg", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+             "PYTHONIOENCODING": "utf-8", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+
+
+class _Worker:
+    """One zygote process plus the thread that reads its answers."""
+
+    def __init__(self, pool: "Pool", index: int):
+        self.pool, self.index = pool, index
+        self.pending: dict[int, tuple[Future, float]] = {}  # id -> (future, host deadline)
+        self.lock = threading.Lock()
+        self.alive = False
+        cfg = {"preload": list(pool.preload), "slots": pool.slots, "env": CHILD_ENV, "sweep": pool.isolation.sweep,
+               "uid_base": (pool.uid_base + index * pool.slots) if pool.isolation.per_call_uid else None,
+               "workdir": "/tmp/rstar2-sbx" if pool.isolation.mode == "bwrap" else pool.host_workdir(index)}
+        cmd = iso_mod.zygote_command(pool.isolation, json.dumps(cfg), tmpfs_mb=pool.tmpfs_mb)
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, cwd="/", start_new_session=True, close_fds=True)
+        hello = self.proc.stdout.readline()
+        if not hello:
+            err = self.proc.stderr.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"sandbox zygote failed to start ({' '.join(cmd[:3])} ...): {err}")
+        self.info = json.loads(hello)
+        self.alive = True
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _drain_stderr(self):
+        for line in self.proc.stderr:
+            log.debug("zygote %d: %s", self.index, line.decode(errors="replace").rstrip())
+
+    def _read(self):
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.lock:
+                fut, _ = self.pending.pop(msg.pop("id"), (None, None))
+            if fut is not None and not fut.done():
+                fut.set_result(ExecResult(**msg))
+        self.pool._worker_died(self, "zygote exited")
+
+    def submit(self, call_id: int, code: str, stdin: str, lim: SandboxLimits, fut: Future) -> None:
+        req = {"id": call_id, "code": code, "stdin": stdin or "", "timeout_s": lim.timeout_s, "cpu_s": lim.cpu_s,
+               "memory_mb": lim.memory_mb, "max_output_bytes": lim.max_output_bytes,
+               "max_processes": lim.max_processes, "max_file_mb": lim.max_file_mb}
+        line = (json.dumps(req) + "\n").encode()
+        with self.lock:
+            self.pending[call_id] = (fut, time.monotonic() + lim.timeout_s + self.pool.grace_s
+                                     + self.pool.queue_allowance(len(self.pending)))
+            try:
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass  # the reader thread sees the exit and fails the pending calls
+
+    def kill(self):
+        self.alive = False
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap and the namespace's init: the whole sandbox goes
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class Pool:
+    """A pool of ``workers`` zygotes with ``slots`` concurrent children each.
+
+    ``submit(code, stdin, limits) -> Future[ExecResult]``; ``run_many([(code, stdin), ...]) -> list[ExecResult]``
+    in input order. isolation: ``auto`` | ``bwrap`` | ``uid`` | ``none`` (see :mod:`.isolation`); raises
+    RuntimeError at construction when no acceptable isolation exists. Thread-safe.
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, workers: int | None = None, slots: int = 32,
+                 isolation: str = "auto", allow_unsandboxed: bool = False, preload=DEFAULT_PRELOAD,
+                 grace_s: float = 2.0, uid_base: int = 61000, tmpfs_mb: int = 256):
+        self.limits = limits or SandboxLimits()
+        self.slots, self.preload, self.grace_s, self.uid_base, self.tmpfs_mb = slots, tuple(preload), grace_s, \
+            uid_base, tmpfs_mb
+        self.isolation = iso_mod.detect(isolation, allow_unsandboxed)
+        n = workers or max(1, min(4, os.cpu_count() or 1))
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._host_dirs: list[str] = []
+        self.workers = [_Worker(self, i) for i in range(n)]
+        self.restarts = 0
+        self._watchdog = threading.Thread(target=self._watch, daemon=True)
+        self._watchdog.start()
+
+    def host_workdir(self, index: int) -> str:
+        import tempfile
+        d = tempfile.mkdtemp(prefix=f"rstar2-sbx{index}-")
+        os.chmod(d, 0o711)  # per-call uids must traverse into their own 0700 job dirs
+        self._host_dirs.append(d)
+        return d
+
+    def queue_allowance(self, in_flight: int) -> float:
+        """Calls beyond the zygote's slots wait their turn: allow for that before calling the zygote hung."""
+        return (in_flight // self.slots) * (self.limits.timeout_s + 0.5)
+
+    def submit(self, code: str, stdin: str = "", limits: SandboxLimits | None = None) -> Future:
+        """Queue one call; the Future resolves to an ExecResult (never raises for anything the code does)."""
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("sandbox pool is closed")
+            worker = min((w for w in self.workers if w.alive), key=lambda w: len(w.pending), default=None)
+            if worker is None:
+                worker = self._replace_dead()
+            call_id = next(self._ids)
+        worker.submit(call_id, code, stdin, limits or self.limits, fut)
+        return fut
+
+    def run_many(self, calls: list[tuple[str, str]], limits: SandboxLimits | None = None) -> list[ExecResult]:
+        """Run ``(code, stdin)`` pairs concurrently; results in input order."""
+        futs = [self.submit(c, s, limits) for c, s in calls]
+        return [f.result() for f in futs]
+
+    def _replace_dead(self) -> _Worker:
+        for i, w in enumerate(self.workers):
+            if not w.alive:
+                self.workers[i] = _Worker(self, w.index)
+                self.restarts += 1
+                return self.workers[i]
+        raise RuntimeError("no sandbox worker")
+
+    def _worker_died(self, worker: _Worker, why: str) -> None:
+        worker.alive = False
+        with worker.lock:
+            pending, worker.pending = worker.pending, {}
+        for fut, _ in pending.values():
+            if not fut.done():
+                fut.set_result(ExecResult("error", None, "", f"sandbox worker failed ({why}); the call was lost",
+                                          0.0))
+        with self._lock:
+            if self._closed:
+                return
+            log.warning("sandbox zygote %d %s; replacing it", worker.index, why)
+            try:
+                self._replace_dead()
+            except Exception as e:  # the next submit retries
+                log.error("could not restart sandbox zygote: %s", e)
+
+    def _watch(self):
+        while not self._closed:
+            time.sleep(0.25)
+            now = time.monotonic()
+            for w in list(self.workers):
+                if not w.alive:
+                    continue
+                with w.lock:
+                    late = any(deadline < now for _, deadline in w.pending.values())
+                if late or w.proc.poll() is not None:
+                    w.kill()  # the reader thread then sees EOF, fails its calls and replaces it
+
+    def close(self) -> None:
+        """Stop every zygote (killing its sandbox); idempotent."""
+        with self._lock:
+            self._closed = True
+        for w in self.workers:
+            try:
+                w.proc.stdin.close()
+            except OSError:
+                pass
+        for w in self.workers:
+            try:
+                w.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            w.kill()
+        import shutil
+        for d in self._host_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
