@@ -32,6 +32,11 @@ for _name in CFG.get("preload", []):
         PRELOADED.append(_name)
     except Exception:  # a missing optional library must not stop the service
         pass
+if CFG.get("warmup"):
+    try:
+        exec(compile(CFG["warmup"], "<warmup>", "exec"), {"__name__": "__warmup__"})
+    except Exception:
+        pass
 if "matplotlib" in sys.modules:
     import matplotlib
     matplotlib.use("Agg")
@@ -282,7 +287,7 @@ def main() -> None:
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
             if rc in (-signal.SIGXCPU, -signal.SIGKILL):
                 status = "timeout"
-            elif rc == -signal.SIGXFSZ:
+            elif rc == -signal.SIGXFSZ or last.startswith("OSError: [Errno 27]"):  # RLIMIT_FSIZE
                 status = "output-limit"
             elif last.startswith("MemoryError") or "sandbox setup failed: " in stderr and "MemoryError" in last:
                 status = "memory"

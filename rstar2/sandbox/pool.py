@@ -10,6 +10,7 @@ killed with its whole sandbox and replaced; its in-flight calls come back as ``e
 from __future__ import annotations
 
 import itertools
+import re
 import json
 import logging
 import os
@@ -29,6 +30,21 @@ log = logging.getLogger("rstar2.sandbox")
 DEFAULT_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
                    "bisect", "statistics", "random", "re", "string", "json", "numpy", "sympy", "scipy",
                    "scipy.special", "scipy.optimize", "scipy.integrate", "scipy.linalg")
+# Stdlib-only zygotes fork in about a third of the time of a zygote holding the math stack; calls whose code
+# does not mention a scientific library go there (reference/sandbox_notes.md: "run two pools").
+LEAN_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
+                "bisect", "statistics", "random", "re", "string", "json")
+_SCI = re.compile(r"\b(numpy|sympy|scipy|mpmath|matplotlib|pandas|networkx|gmpy2)\b")
+# Run once in a scientific zygote before it forks anything: sympy imports many submodules lazily on first
+# use (factor alone pulls in 16), which every child would otherwise redo.
+WARMUP = """
+import sympy, numpy as np
+x, y = sympy.symbols('x y')
+sympy.factor(x**2 - 1); sympy.expand((x + y)**3); sympy.solve(x**2 - 2, x); sympy.simplify(sympy.sin(x)**2 + sympy.cos(x)**2)
+sympy.integrate(x**2, x); sympy.diff(sympy.exp(x), x); sympy.isprime(97); sympy.factorint(360); sympy.Rational(1, 3) + 1
+sympy.Matrix([[1, 2], [3, 4]]).det(); sympy.nsimplify(0.5); sympy.binomial(10, 3); sympy.sqrt(8); sympy.N(sympy.pi, 20)
+np.linalg.solve(np.eye(2), np.ones(2)); np.arange(10).sum()
+"""
 CHILD_ENV = {"MPLBACKEND": "Agg", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
              "PYTHONIOENCODING": "utf-8", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"}
 
@@ -36,12 +52,13 @@ CHILD_ENV = {"MPLBACKEND": "Agg", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS"
 class _Worker:
     """One zygote process plus the thread that reads its answers."""
 
-    def __init__(self, pool: "Pool", index: int):
-        self.pool, self.index = pool, index
+    def __init__(self, pool: "Pool", index: int, kind: str):
+        self.pool, self.index, self.kind = pool, index, kind
         self.pending: dict[int, tuple[Future, float]] = {}  # id -> (future, host deadline)
         self.lock = threading.Lock()
         self.alive = False
-        cfg = {"preload": list(pool.preload), "slots": pool.slots, "env": CHILD_ENV, "sweep": pool.isolation.sweep,
+        cfg = {"preload": list(pool.preload if kind == "sci" else LEAN_PRELOAD),
+               "warmup": WARMUP if kind == "sci" else "", "slots": pool.slots, "env": CHILD_ENV, "sweep": pool.isolation.sweep,
                "uid_base": (pool.uid_base + index * pool.slots) if pool.isolation.per_call_uid else None,
                "workdir": "/tmp/rstar2-sbx" if pool.isolation.mode == "bwrap" else pool.host_workdir(index)}
         cmd = iso_mod.zygote_command(pool.isolation, json.dumps(cfg), tmpfs_mb=pool.tmpfs_mb)
@@ -97,7 +114,10 @@ class _Worker:
 
 
 class Pool:
-    """A pool of ``workers`` zygotes with ``slots`` concurrent children each.
+    """A pool of ``workers`` scientific zygotes (``preload`` imported, warmed up) plus ``lean_workers``
+    (default: as many) stdlib-only zygotes, each with ``slots`` concurrent children. Code that mentions
+    numpy/sympy/scipy/... goes to a scientific zygote, other code to a lean one (cheaper fork); either kind
+    runs any code.
 
     ``submit(code, stdin, limits) -> Future[ExecResult]``; ``run_many([(code, stdin), ...]) -> list[ExecResult]``
     in input order. isolation: ``auto`` | ``bwrap`` | ``uid`` | ``none`` (see :mod:`.isolation`); raises
@@ -106,7 +126,7 @@ class Pool:
 
     def __init__(self, limits: SandboxLimits | None = None, workers: int | None = None, slots: int = 32,
                  isolation: str = "auto", allow_unsandboxed: bool = False, preload=DEFAULT_PRELOAD,
-                 grace_s: float = 2.0, uid_base: int = 61000, tmpfs_mb: int = 256):
+                 grace_s: float = 2.0, uid_base: int = 61000, tmpfs_mb: int = 256, lean_workers: int | None = None):
         self.limits = limits or SandboxLimits()
         self.slots, self.preload, self.grace_s, self.uid_base, self.tmpfs_mb = slots, tuple(preload), grace_s, \
             uid_base, tmpfs_mb
@@ -116,7 +136,9 @@ class Pool:
         self._lock = threading.Lock()
         self._closed = False
         self._host_dirs: list[str] = []
-        self.workers = [_Worker(self, i) for i in range(n)]
+        n_lean = n if lean_workers is None else lean_workers
+        self.workers = [_Worker(self, i, "sci") for i in range(n)] + \
+            [_Worker(self, n + i, "lean") for i in range(n_lean)]
         self.restarts = 0
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
         self._watchdog.start()
@@ -138,9 +160,11 @@ class Pool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("sandbox pool is closed")
-            worker = min((w for w in self.workers if w.alive), key=lambda w: len(w.pending), default=None)
+            kind = "sci" if _SCI.search(code) or not any(w.kind == "lean" for w in self.workers) else "lean"
+            worker = min((w for w in self.workers if w.alive and w.kind == kind), key=lambda w: len(w.pending),
+                         default=None)
             if worker is None:
-                worker = self._replace_dead()
+                worker = self._replace_dead(kind)
             call_id = next(self._ids)
         worker.submit(call_id, code, stdin, limits or self.limits, fut)
         return fut
@@ -150,10 +174,10 @@ class Pool:
         futs = [self.submit(c, s, limits) for c, s in calls]
         return [f.result() for f in futs]
 
-    def _replace_dead(self) -> _Worker:
+    def _replace_dead(self, kind: str | None = None) -> _Worker:
         for i, w in enumerate(self.workers):
-            if not w.alive:
-                self.workers[i] = _Worker(self, w.index)
+            if not w.alive and kind in (None, w.kind):
+                self.workers[i] = _Worker(self, w.index, w.kind)
                 self.restarts += 1
                 return self.workers[i]
         raise RuntimeError("no sandbox worker")
