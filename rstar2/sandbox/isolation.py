@@ -122,7 +122,7 @@ def zygote_command(iso: Isolation, config_json: str, python: str | None = None, 
     args = [iso.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
     if iso.root:
-        args += ["--cap-add", "CAP_SETUID,CAP_SETGID,CAP_KILL,CAP_CHOWN,CAP_FOWNER,CAP_DAC_OVERRIDE"]
+        args += ["--cap-add", "CAP_SETUID,CAP_SETGID,CAP_KILL,CAP_CHOWN,CAP_FOWNER,CAP_DAC_OVERRIDE,CAP_SYS_ADMIN"]
     else:
         args += ["--unshare-user"]
     args += ["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
