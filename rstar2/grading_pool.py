@@ -28,7 +28,7 @@ def _context():
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
         # A no-op if the forkserver is already running; then workers just import on first use.
-        _CTX.set_forkserver_preload(["rstar2.grading", "math_verify", "sympy"])
+        _CTX.set_forkserver_preload(["rstar2.grading_warmup"])
     return _CTX
 
 
