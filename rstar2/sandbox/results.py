@@ -26,7 +26,13 @@ class ExecResult:
 
 @dataclass
 class SandboxLimits:
-    """Per-call limits. timeout_s: wall clock; cpu_s: CPU seconds; memory_mb: address space; output bytes per stream."""
+    """Per-call limits.
+
+    timeout_s: wall clock (the whole process group is SIGKILLed); cpu_s: RLIMIT_CPU seconds; memory_mb:
+    address space the call may add on top of the warm interpreter it is forked from (RLIMIT_AS = that
+    interpreter's size + memory_mb); max_output_bytes: per stream, the call is killed past it (status
+    ``output-limit``); max_processes: RLIMIT_NPROC of the call's uid; max_file_mb: RLIMIT_FSIZE.
+    """
     timeout_s: float = 5.0
     cpu_s: int = 10
     memory_mb: int = 1024
