@@ -220,3 +220,16 @@ def test_ten_gigabyte_file_is_stopped(pool, tmp_path):
     assert "File too large" in res.stderr
     # nothing landed on the host's /tmp (allow for others' activity: far less than the 16 MiB file cap)
     assert abs(os.statvfs("/tmp").f_bavail - before) * os.statvfs("/tmp").f_frsize < 8 * 2**20
+
+
+def test_damaged_zygote_is_replaced():
+    import signal
+    with Pool(LIM, workers=1, lean_workers=1, slots=4) as p:
+        fut = p.submit("import time\ntime.sleep(1.5)\nprint('never')")
+        time.sleep(0.3)
+        victim = next(w for w in p.workers if w.pending)
+        os.killpg(victim.proc.pid, signal.SIGKILL)  # the whole sandbox of that zygote dies
+        res = fut.result(timeout=10)
+        assert res.status == "error" and "sandbox worker failed" in res.stderr
+        assert p.submit("print(7)").result(timeout=20).stdout == "7\n"
+        assert p.restarts >= 1 and all(w.alive for w in p.workers)

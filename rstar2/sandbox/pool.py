@@ -14,6 +14,7 @@ import re
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import threading
@@ -64,8 +65,13 @@ class _Worker:
                "workdir": "/tmp/rstar2-sbx" if pool.isolation.mode == "bwrap" else pool.host_workdir(index)}
         cmd = iso_mod.zygote_command(pool.isolation, json.dumps(cfg), tmpfs_mb=pool.tmpfs_mb)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=env, cwd="/", start_new_session=True, close_fds=True)
+
+    def wait_ready(self) -> "_Worker":
+        """Block until the zygote has imported its preloads; raise RuntimeError if it died instead."""
+        cmd = self.cmd
         hello = self.proc.stdout.readline()
         if not hello:
             err = self.proc.stderr.read().decode(errors="replace")[-2000:]
@@ -74,6 +80,7 @@ class _Worker:
         self.alive = True
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         threading.Thread(target=self._read, daemon=True).start()
+        return self
 
     def _drain_stderr(self):
         for line in self.proc.stderr:
@@ -138,8 +145,16 @@ class Pool:
         self._closed = False
         self._host_dirs: list[str] = []
         n_lean = n if lean_workers is None else lean_workers
-        self.workers = [_Worker(self, i, "sci") for i in range(n)] + \
-            [_Worker(self, n + i, "lean") for i in range(n_lean)]
+        self._spawn_q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._spawner, daemon=True).start()
+        starting = [self._spawn(i, "sci") for i in range(n)] + \
+            [self._spawn(n + i, "lean") for i in range(n_lean)]  # zygotes import in parallel
+        try:
+            self.workers = [w.wait_ready() for w in starting]
+        except Exception:
+            for w in starting:
+                w.kill()
+            raise
         self.restarts = 0
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
         self._watchdog.start()
@@ -175,10 +190,27 @@ class Pool:
         futs = [self.submit(c, s, limits) for c, s in calls]
         return [f.result() for f in futs]
 
+    def _spawner(self):
+        # bwrap --die-with-parent uses PR_SET_PDEATHSIG, which fires when the *thread* that started it ends;
+        # so every zygote is started from this thread, which lives as long as the pool.
+        while True:
+            index, kind, fut = self._spawn_q.get()
+            if index is None:
+                return
+            try:
+                fut.set_result(_Worker(self, index, kind))
+            except BaseException as e:
+                fut.set_exception(e)
+
+    def _spawn(self, index: int, kind: str) -> _Worker:
+        fut: Future = Future()
+        self._spawn_q.put((index, kind, fut))
+        return fut.result()
+
     def _replace_dead(self, kind: str | None = None) -> _Worker:
         for i, w in enumerate(self.workers):
             if not w.alive and kind in (None, w.kind):
-                self.workers[i] = _Worker(self, w.index, w.kind)
+                self.workers[i] = self._spawn(w.index, w.kind).wait_ready()
                 self.restarts += 1
                 return self.workers[i]
         raise RuntimeError("no sandbox worker")
@@ -194,9 +226,11 @@ class Pool:
         with self._lock:
             if self._closed:
                 return
+            if not any(w is worker for w in self.workers):
+                return  # a submit already replaced it
             log.warning("sandbox zygote %d %s; replacing it", worker.index, why)
             try:
-                self._replace_dead()
+                self._replace_dead(worker.kind)
             except Exception as e:  # the next submit retries
                 log.error("could not restart sandbox zygote: %s", e)
 
@@ -216,6 +250,7 @@ class Pool:
         """Stop every zygote (killing its sandbox); idempotent."""
         with self._lock:
             self._closed = True
+        self._spawn_q.put((None, None, None))
         for w in self.workers:
             try:
                 w.proc.stdin.close()
