@@ -233,3 +233,19 @@ def test_damaged_zygote_is_replaced():
         assert res.status == "error" and "sandbox worker failed" in res.stderr
         assert p.submit("print(7)").result(timeout=20).stdout == "7\n"
         assert p.restarts >= 1 and all(w.alive for w in p.workers)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the 'uid' fallback needs root")
+def test_uid_fallback_contains_the_process_attacks():
+    with Pool(LIM, workers=1, lean_workers=1, slots=4, isolation="uid", uid_base=63000) as p:
+        assert p.isolation.mode == "uid" and not p.isolation.network  # logged as HOST NETWORK
+        res = p.submit("import os\nopen('/tmp/mine', 'w').write('x')\nprint(os.getuid(), sorted(os.listdir('/tmp')))")
+        uid, listing = res.result().stdout.split(" ", 1)
+        assert int(uid) >= 63000 and listing.strip() == "['mine']"  # a private /tmp, not the host's
+        assert not os.path.exists("/tmp/mine")
+        assert "PermissionError" in p.submit("import os\nos.kill(os.getppid(), 9)").result().stderr
+        bomb = p.submit("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+        assert p.submit("print(2)").result(timeout=5).stdout == "2\n"
+        assert bomb.result(timeout=LIM.timeout_s + 5).status == "timeout"
+        time.sleep(0.3)
+        assert _leftovers(p) == []
