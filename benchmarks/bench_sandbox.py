@@ -102,7 +102,8 @@ def main():
     print(f"| executor | snippet | concurrency | calls | calls/s | p50 ms | p99 ms | failed |")
     print("|---|---|---|---|---|---|---|---|")
     for ex, name, conc, m in rows:
-        print(f"| {ex} | {name} | {conc} | {m['n']} | {m['rate']:.1f} | {m['p50']:.1f} | {m['p99']:.1f} | {m['fails']} |")
+        print(f"| {ex} | {name} | {conc} | {m['n']} | {m['rate']:.1f} | {m['p50']:.1f} | {m['p99']:.1f} "
+              f"| {m['fails']} |")
     by = {(ex, name, conc): m for ex, name, conc, m in rows}
     print()
     for name in SNIPPETS:

@@ -190,7 +190,8 @@ def test_s07_no_host_files_or_secrets(pool, monkeypatch):
         pytest.skip(f"isolation {pool.isolation.mode} does not hide host files")
     monkeypatch.setenv("RSTAR2_SECRET_TOKEN", "hunter2")
     code = ("import glob, os\n"
-            f"print(glob.glob('{REPO}/**/*.jsonl', recursive=True)[:5], glob.glob('/work/**/*.parquet', recursive=True)[:5])\n"
+            f"print(glob.glob('{REPO}/**/*.jsonl', recursive=True)[:5], "
+            "glob.glob('/work/**/*.parquet', recursive=True)[:5])\n"
             f"print(os.path.exists({REPO + '/data'!r}), os.path.exists({REPO + '/results'!r}), "
             "os.path.exists('/root/.ssh'), os.path.exists('/home'), os.path.exists('/etc/passwd'))\n"
             "print({k: v for k, v in os.environ.items() if 'KEY' in k or 'TOKEN' in k})")

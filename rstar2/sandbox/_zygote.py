@@ -8,8 +8,9 @@ drops to a per-slot unprivileged uid when the zygote is root; reads stdin from t
 stdout/stderr to pipes; runs the code in fresh globals and, when nothing was printed, prints the repr of the
 last expression (IPython-style, spec §2.4). The zygote enforces the wall-clock timeout and the output cap by
 SIGKILLing the child's process group, then sweeps every process of the slot (escaped daemons) before the slot
-is reused. Config keys: preload (module names), slots, uid_base (int or null), workdir, sweep ("uid" | "pidns"
-| "none"), env (dict for the children).
+is reused. Config keys: preload (module names), warmup (code run once after the preloads), slots, uid_base (int or
+null), workdir, sweep ("uid" | "pidns" | "none"), private_tmp (a mount namespace per call whose /tmp is the
+job directory), env (dict for the children).
 """
 
 import ctypes

@@ -39,7 +39,8 @@ class SandboxClient:
     """
 
     def __init__(self, limits: SandboxLimits | None = None, batch_size: int = 64, batch_timeout_s: float = 0.005,
-                 send_workers: int = 8, url: str | None = None, http_timeout_s: float = 3600.0, pool: Pool | None = None,
+                 send_workers: int = 8, url: str | None = None, http_timeout_s: float = 3600.0,
+                 pool: Pool | None = None,
                  **pool_kwargs):
         self.limits = limits or SandboxLimits()
         self.batch_size, self.batch_timeout_s, self.url, self.http_timeout_s = batch_size, batch_timeout_s, url, \

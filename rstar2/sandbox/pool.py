@@ -30,7 +30,8 @@ log = logging.getLogger("rstar2.sandbox")
 # zygote is what makes a sympy+numpy call cost a fork instead of ~0.7 s of imports.
 DEFAULT_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
                    "bisect", "statistics", "random", "re", "string", "json", "numpy", "sympy", "scipy",
-                   "scipy.special", "scipy.optimize", "scipy.integrate", "scipy.linalg", "matplotlib", "matplotlib.pyplot")
+                   "scipy.special", "scipy.optimize", "scipy.integrate", "scipy.linalg", "matplotlib",
+                   "matplotlib.pyplot")
 # Stdlib-only zygotes fork in about a third of the time of a zygote holding the math stack; calls whose code
 # does not mention a scientific library go there (reference/sandbox_notes.md: "run two pools").
 LEAN_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
@@ -41,13 +42,15 @@ _SCI = re.compile(r"\b(numpy|sympy|scipy|mpmath|matplotlib|pandas|networkx|gmpy2
 WARMUP = """
 import sympy, numpy as np
 x, y = sympy.symbols('x y')
-sympy.factor(x**2 - 1); sympy.expand((x + y)**3); sympy.solve(x**2 - 2, x); sympy.simplify(sympy.sin(x)**2 + sympy.cos(x)**2)
-sympy.integrate(x**2, x); sympy.diff(sympy.exp(x), x); sympy.isprime(97); sympy.factorint(360); sympy.Rational(1, 3) + 1
-sympy.Matrix([[1, 2], [3, 4]]).det(); sympy.nsimplify(0.5); sympy.binomial(10, 3); sympy.sqrt(8); sympy.N(sympy.pi, 20)
+sympy.factor(x**2 - 1); sympy.expand((x + y)**3); sympy.solve(x**2 - 2, x)
+sympy.simplify(sympy.sin(x)**2 + sympy.cos(x)**2); sympy.integrate(x**2, x); sympy.diff(sympy.exp(x), x)
+sympy.isprime(97); sympy.factorint(360); sympy.Rational(1, 3) + 1; sympy.Matrix([[1, 2], [3, 4]]).det()
+sympy.nsimplify(0.5); sympy.binomial(10, 3); sympy.sqrt(8); sympy.N(sympy.pi, 20)
 np.linalg.solve(np.eye(2), np.ones(2)); np.arange(10).sum()
 """
-CHILD_ENV = {"MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/rstar2-mpl", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-             "PYTHONIOENCODING": "utf-8", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+CHILD_ENV = {"MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/rstar2-mpl", "OPENBLAS_NUM_THREADS": "1",
+             "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "LANG": "C.UTF-8",
+             "PATH": "/usr/bin:/bin"}
 
 
 class _Worker:
@@ -59,8 +62,8 @@ class _Worker:
         self.lock = threading.Lock()
         self.alive = False
         cfg = {"preload": list(pool.preload if kind == "sci" else LEAN_PRELOAD),
-               "warmup": WARMUP if kind == "sci" else "", "slots": pool.slots, "env": CHILD_ENV, "sweep": pool.isolation.sweep,
-               "private_tmp": pool.isolation.per_call_uid,
+               "warmup": WARMUP if kind == "sci" else "", "slots": pool.slots, "env": CHILD_ENV,
+               "sweep": pool.isolation.sweep, "private_tmp": pool.isolation.per_call_uid,
                "uid_base": (pool.uid_base + index * pool.slots) if pool.isolation.per_call_uid else None,
                "workdir": "/tmp/rstar2-sbx" if pool.isolation.mode == "bwrap" else pool.host_workdir(index)}
         cmd = iso_mod.zygote_command(pool.isolation, json.dumps(cfg), tmpfs_mb=pool.tmpfs_mb)
