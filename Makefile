@@ -1,5 +1,6 @@
 # make run   : set up the virtual environment (pinned, CPU torch) and run the whole pipeline on config.yaml
 # make test  : set up and run the test suite (unit tests + the tiny end-to-end workflow)
+# Both first install missing Debian packages (scripts/system_deps.sh: bubblewrap; for tests also redis-server, chromium).
 PYTHON ?= python3
 VENV   ?= .venv
 CORES  ?= 2
@@ -18,9 +19,11 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 run: setup
+	scripts/system_deps.sh run
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake --cores $(CORES)
 
 test: setup
+	scripts/system_deps.sh test
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
 
 clean:

@@ -1,4 +1,6 @@
 import os
+
+import pytest
 import subprocess
 import time
 
@@ -59,3 +61,44 @@ def test_truncate_middle():
     assert truncate_middle("abc", 10) == "abc"
     cut = truncate_middle("a" * 100 + "b" * 100, 20)
     assert cut.startswith("a" * 10) and cut.endswith("b" * 10) and "truncated 180 chars" in cut
+
+
+def test_isolation_is_detected_and_unsandboxed_is_refused(monkeypatch):
+    from rstar2.sandbox import isolation
+    iso = isolation.detect("auto")
+    assert iso.mode in ("bwrap", "uid")
+    monkeypatch.setattr(isolation, "_bwrap_path", lambda: None)
+    monkeypatch.setattr(isolation.os, "geteuid", lambda: 1000)
+    with pytest.raises(RuntimeError, match="refusing"):
+        isolation.detect("auto")
+    assert isolation.detect("auto", allow_unsandboxed=True).mode == "none"
+    with pytest.raises(RuntimeError, match="bubblewrap"):
+        isolation.detect("bwrap")
+
+
+def test_calls_do_not_share_state_or_random_draws():
+    out = execute_many([("import random\nglobal_marker = 1\nprint(random.random())", "")] * 6)
+    assert len({r.stdout for r in out}) == 6
+    assert execute("print('global_marker' in globals())").stdout == "False\n"
+
+
+def test_last_expression_repr_only_when_nothing_printed():
+    assert execute("x = 3\nx * 2").stdout == "6\n"
+    assert execute("print('a')\n5").stdout == "a\n"
+    assert execute("None").stdout == ""
+
+
+def test_client_batches_concurrent_async_calls():
+    import asyncio
+
+    from rstar2.sandbox import make_client
+
+    with make_client(limits=SandboxLimits(timeout_s=3), workers=1, batch_size=64, batch_timeout_s=0.02) as client:
+        async def go():
+            return await asyncio.gather(*(client.run(f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(40)))
+        t0 = time.time()
+        res = asyncio.run(go())
+        assert [r.stdout for r in res] == [f"{i}\n" for i in range(40)]
+        assert time.time() - t0 < 4.0  # concurrent: 40 x 0.3 s serially would be 12 s
+        assert client.batches_sent <= 3  # gathered into batches, not one request per call
+        assert [r.stdout for r in client.run_many([("print(1)", ""), ("print(input())", "x")])] == ["1\n", "x\n"]

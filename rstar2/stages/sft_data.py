@@ -516,13 +516,15 @@ def convert_toolformer(rows: list[dict], idx: list[int], params: dict, stats: di
 
     jobs = [(c["code"], "") for _, _, _, calls, _ in pending for c in calls]
     results: list[sandbox.ExecResult] = []
-    workers = max(1, min(8, os.cpu_count() or 1))
+    sandbox_cfg = dict(params.get("sandbox") or {})
     t0 = time.time()
-    with tqdm(total=len(jobs), desc="sft_data toolformer sandbox", unit="call", file=sys.stderr,
-              mininterval=2.0) as bar:
-        for k in range(0, len(jobs), 4 * workers):
-            chunk = jobs[k:k + 4 * workers]
-            results += sandbox.execute_many(chunk, limits, max_workers=workers)
+    with sandbox.make_client(limits=limits, **sandbox_cfg) as client, \
+            tqdm(total=len(jobs), desc="sft_data toolformer sandbox", unit="call", file=sys.stderr,
+                 mininterval=2.0) as bar:
+        workers = len(client.pool.workers) if client.pool is not None else 0
+        for k in range(0, len(jobs), 64):
+            chunk = jobs[k:k + 64]
+            results += client.run_many(chunk)
             bar.update(len(chunk))
     stats["sandbox"] = {"calls": len(jobs), "wall_s": round(time.time() - t0, 2), "workers": workers,
                         "status": dict(Counter(r.status for r in results))}

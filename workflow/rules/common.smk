@@ -49,7 +49,8 @@ def base_model_params():
 def sft_data_params():
     return as_json({**config["sft_data"], "tool_name": config["tool"]["name"],
                     "tool_timeout_s": config["tool"]["timeout_s"],
-                    "max_tool_chars": config["tool"]["max_output_chars"], "seed": config["seed"]})
+                    "max_tool_chars": config["tool"]["max_output_chars"], "sandbox": config["sandbox"],
+                    "seed": config["seed"]})
 
 
 def sft_params():

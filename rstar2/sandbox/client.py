@@ -1,0 +1,144 @@
+"""Async client with batching: the trainer-side "send workers" of the environment service (paper §3.1, Fig.5b).
+
+Every tool call is awaited on its own, but calls are grouped: a send worker takes up to ``batch_size``
+(paper: 64) queued calls, dispatching when the batch is full or ``batch_timeout_s`` after its first call,
+and waits for that batch's results before taking the next (spec §3.3 describes the released version).
+Batches go to a local :class:`~rstar2.sandbox.pool.Pool` or, with ``url``, to the HTTP service
+(:mod:`rstar2.sandbox.service`, code-judge's ``/run/long-batch`` shape).
+
+The batching runs on the client's own threads, so ``run`` works from any asyncio loop, and the
+synchronous ``run_many`` works from plain code (e.g. a TRL reward function).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+import urllib.request
+from concurrent.futures import Future
+
+from .pool import Pool
+from .results import ExecResult, SandboxLimits
+
+_STOP = object()
+
+
+class SandboxClient:
+    """Batched access to the sandbox.
+
+    limits: per-call limits; batch_size / batch_timeout_s: send-worker batching (64 calls, 5 ms);
+    send_workers: batches in flight at once; url: base URL of the HTTP service (None = a local pool built
+    from ``pool_kwargs``: workers, slots, isolation, allow_unsandboxed, preload; see :class:`Pool`).
+
+    ``await run(code, stdin) -> ExecResult``; ``run_many([(code, stdin), ...]) -> list[ExecResult]`` (sync,
+    input order); ``close()``; usable as a (sync) context manager. Raises RuntimeError from the constructor
+    when no acceptable isolation exists (local pool), and from calls once closed.
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, batch_size: int = 64, batch_timeout_s: float = 0.005,
+                 send_workers: int = 8, url: str | None = None, http_timeout_s: float = 3600.0,
+                 pool: Pool | None = None,
+                 **pool_kwargs):
+        self.limits = limits or SandboxLimits()
+        self.batch_size, self.batch_timeout_s, self.url, self.http_timeout_s = batch_size, batch_timeout_s, url, \
+            http_timeout_s
+        self._own_pool = pool is None and url is None
+        self.pool = pool if pool is not None or url is not None else Pool(self.limits, **pool_kwargs)
+        self._q: queue.Queue = queue.Queue()
+        self._closed = False
+        self.batches_sent = 0
+        self._senders = [threading.Thread(target=self._send_loop, daemon=True) for _ in range(send_workers)]
+        for t in self._senders:
+            t.start()
+
+    # -- public API ---------------------------------------------------------------------------------------
+    def submit(self, code: str, stdin: str = "") -> Future:
+        """Queue one call; returns a concurrent Future of its ExecResult."""
+        if self._closed:
+            raise RuntimeError("SandboxClient is closed")
+        fut: Future = Future()
+        self._q.put((code, stdin or "", fut))
+        return fut
+
+    async def run(self, code: str, stdin: str = "") -> ExecResult:
+        """Run one call; awaitable from any event loop. Never raises for anything the code does."""
+        return await asyncio.wrap_future(self.submit(code, stdin))
+
+    def run_many(self, calls: list[tuple[str, str]]) -> list[ExecResult]:
+        """Run ``(code, stdin)`` pairs concurrently; results in input order."""
+        futs = [self.submit(c, s) for c, s in calls]
+        return [f.result() for f in futs]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._senders:
+            self._q.put(_STOP)
+        for t in self._senders:
+            t.join(timeout=5)
+        if self._own_pool:
+            self.pool.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- send workers -------------------------------------------------------------------------------------
+    def _take_batch(self):
+        first = self._q.get()
+        if first is _STOP:
+            return None
+        batch = [first]
+        deadline = time.monotonic() + self.batch_timeout_s
+        while len(batch) < self.batch_size:
+            left = deadline - time.monotonic()
+            try:
+                item = self._q.get(timeout=left) if left > 0 else self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                self._q.put(_STOP)  # let the other senders see it too
+                break
+            batch.append(item)
+        return batch
+
+    def _send_loop(self):
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            self.batches_sent += 1
+            try:
+                results = self._dispatch([(c, s) for c, s, _ in batch])
+            except Exception as e:  # a transport failure becomes the calls' result, as in rStar's _call_tool
+                results = [ExecResult("error", None, "", f"Error when executing tool: {e!r}", 0.0)] * len(batch)
+            for (_, _, fut), res in zip(batch, results):
+                if not fut.done():
+                    fut.set_result(res)
+
+    def _dispatch(self, calls: list[tuple[str, str]]) -> list[ExecResult]:
+        if self.url is None:
+            return self.pool.run_many(calls, self.limits)
+        body = {"type": "batch", "submissions": [{"type": "python", "solution": c, "input": s} for c, s in calls]}
+        req = urllib.request.Request(self.url.rstrip("/") + "/run/long-batch", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=self.http_timeout_s) as resp:
+            data = json.loads(resp.read())
+        return [result_from_judge(r) for r in data["results"]]
+
+
+def result_from_judge(r: dict) -> ExecResult:
+    """Map one code-judge result ``{sub_id, success, run_success, cost, stdout, stderr, reason}`` (plus our own
+    ``status``/``exit_code`` when the server is ours) to an ExecResult."""
+    status = r.get("status")
+    if status is None:
+        reason = r.get("reason") or ""
+        status = "timeout" if reason == "worker_timeout" else ("ok" if r.get("run_success") else "error")
+    return ExecResult(status, r.get("exit_code", 0 if r.get("run_success") else 1), r.get("stdout") or "",
+                      r.get("stderr") or "", float(r.get("cost") or 0.0))

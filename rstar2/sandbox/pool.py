@@ -1,0 +1,276 @@
+"""Executor pool: warm fork-server workers ("zygotes") that run tool calls in forked, isolated children.
+
+Paper §3.1 (execution workers on CPU nodes, isolated from the trainer); reference/sandbox_notes.md
+recommends this shape: one zygote per spare core, each inside one bubblewrap sandbox, one forked child per
+call. The host side here only moves JSON lines: every process that touches model-written code lives in the
+zygote's sandbox. A zygote that dies or stops answering (host deadline = call timeout + ``grace_s``) is
+killed with its whole sandbox and replaced; its in-flight calls come back as ``error`` results.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import Future
+
+from . import isolation as iso_mod
+from .results import ExecResult, SandboxLimits
+
+log = logging.getLogger("rstar2.sandbox")
+
+# The math stack a model's code usually imports (spec §3.2: numpy, scipy, sympy); importing it once in the
+# zygote is what makes a sympy+numpy call cost a fork instead of ~0.7 s of imports.
+DEFAULT_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
+                   "bisect", "statistics", "random", "re", "string", "json", "numpy", "sympy", "scipy",
+                   "scipy.special", "scipy.optimize", "scipy.integrate", "scipy.linalg", "matplotlib",
+                   "matplotlib.pyplot")
+# Stdlib-only zygotes fork in about a third of the time of a zygote holding the math stack; calls whose code
+# does not mention a scientific library go there (reference/sandbox_notes.md: "run two pools").
+LEAN_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
+                "bisect", "statistics", "random", "re", "string", "json")
+_SCI = re.compile(r"\b(numpy|sympy|scipy|mpmath|matplotlib|pandas|networkx|gmpy2)\b")
+# Run once in a scientific zygote before it forks anything: sympy imports many submodules lazily on first
+# use (factor alone pulls in 16), which every child would otherwise redo.
+WARMUP = """
+import sympy, numpy as np
+x, y = sympy.symbols('x y')
+sympy.factor(x**2 - 1); sympy.expand((x + y)**3); sympy.solve(x**2 - 2, x)
+sympy.simplify(sympy.sin(x)**2 + sympy.cos(x)**2); sympy.integrate(x**2, x); sympy.diff(sympy.exp(x), x)
+sympy.isprime(97); sympy.factorint(360); sympy.Rational(1, 3) + 1; sympy.Matrix([[1, 2], [3, 4]]).det()
+sympy.nsimplify(0.5); sympy.binomial(10, 3); sympy.sqrt(8); sympy.N(sympy.pi, 20)
+np.linalg.solve(np.eye(2), np.ones(2)); np.arange(10).sum()
+"""
+CHILD_ENV = {"MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/rstar2-mpl", "OPENBLAS_NUM_THREADS": "1",
+             "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "LANG": "C.UTF-8",
+             "PATH": "/usr/bin:/bin"}
+
+
+class _Worker:
+    """One zygote process plus the thread that reads its answers."""
+
+    def __init__(self, pool: "Pool", index: int, kind: str):
+        self.pool, self.index, self.kind = pool, index, kind
+        self.pending: dict[int, tuple[Future, float]] = {}  # id -> (future, host deadline)
+        self.lock = threading.Lock()
+        self.alive = False
+        cfg = {"preload": list(pool.preload if kind == "sci" else LEAN_PRELOAD),
+               "warmup": WARMUP if kind == "sci" else "", "slots": pool.slots, "env": CHILD_ENV,
+               "sweep": pool.isolation.sweep, "private_tmp": pool.isolation.per_call_uid,
+               "uid_base": (pool.uid_base + index * pool.slots) if pool.isolation.per_call_uid else None,
+               "workdir": "/tmp/rstar2-sbx" if pool.isolation.mode == "bwrap" else pool.host_workdir(index)}
+        cmd = iso_mod.zygote_command(pool.isolation, json.dumps(cfg), tmpfs_mb=pool.tmpfs_mb)
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, cwd="/", start_new_session=True, close_fds=True)
+
+    def wait_ready(self) -> "_Worker":
+        """Block until the zygote has imported its preloads; raise RuntimeError if it died instead."""
+        cmd = self.cmd
+        hello = self.proc.stdout.readline()
+        if not hello:
+            err = self.proc.stderr.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"sandbox zygote failed to start ({' '.join(cmd[:3])} ...): {err}")
+        self.info = json.loads(hello)
+        self.alive = True
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _drain_stderr(self):
+        for line in self.proc.stderr:
+            log.debug("zygote %d: %s", self.index, line.decode(errors="replace").rstrip())
+
+    def _read(self):
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.lock:
+                fut, _ = self.pending.pop(msg.pop("id"), (None, None))
+            if fut is not None and not fut.done():
+                fut.set_result(ExecResult(**msg))
+        self.pool._worker_died(self, "zygote exited")
+
+    def submit(self, call_id: int, code: str, stdin: str, lim: SandboxLimits, fut: Future) -> None:
+        req = {"id": call_id, "code": code, "stdin": stdin or "", "timeout_s": lim.timeout_s, "cpu_s": lim.cpu_s,
+               "memory_mb": lim.memory_mb, "max_output_bytes": lim.max_output_bytes,
+               "max_processes": lim.max_processes, "max_file_mb": lim.max_file_mb}
+        line = (json.dumps(req) + "\n").encode()
+        with self.lock:
+            self.pending[call_id] = (fut, time.monotonic() + lim.timeout_s + self.pool.grace_s
+                                     + self.pool.queue_allowance(len(self.pending)))
+            try:
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass  # the reader thread sees the exit and fails the pending calls
+
+    def kill(self):
+        self.alive = False
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap and the namespace's init: the whole sandbox goes
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class Pool:
+    """A pool of ``workers`` scientific zygotes (``preload`` imported, warmed up) plus ``lean_workers``
+    (default: as many) stdlib-only zygotes, each with ``slots`` concurrent children. Code that mentions
+    numpy/sympy/scipy/... goes to a scientific zygote, other code to a lean one (cheaper fork); either kind
+    runs any code.
+
+    ``submit(code, stdin, limits) -> Future[ExecResult]``; ``run_many([(code, stdin), ...]) -> list[ExecResult]``
+    in input order. isolation: ``auto`` | ``bwrap`` | ``uid`` | ``none`` (see :mod:`.isolation`); raises
+    RuntimeError at construction when no acceptable isolation exists. Thread-safe.
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, workers: int | None = None, slots: int = 32,
+                 isolation: str = "auto", allow_unsandboxed: bool = False, preload=DEFAULT_PRELOAD,
+                 grace_s: float = 2.0, uid_base: int = 61000, tmpfs_mb: int = 256, lean_workers: int | None = None):
+        self.limits = limits or SandboxLimits()
+        self.slots, self.preload, self.grace_s, self.uid_base, self.tmpfs_mb = slots, tuple(preload), grace_s, \
+            uid_base, tmpfs_mb
+        self.isolation = iso_mod.detect(isolation, allow_unsandboxed)
+        n = workers or max(1, min(4, os.cpu_count() or 1))
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._host_dirs: list[str] = []
+        n_lean = n if lean_workers is None else lean_workers
+        self._spawn_q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._spawner, daemon=True).start()
+        starting = [self._spawn(i, "sci") for i in range(n)] + \
+            [self._spawn(n + i, "lean") for i in range(n_lean)]  # zygotes import in parallel
+        try:
+            self.workers = [w.wait_ready() for w in starting]
+        except Exception:
+            for w in starting:
+                w.kill()
+            raise
+        self.restarts = 0
+        self._watchdog = threading.Thread(target=self._watch, daemon=True)
+        self._watchdog.start()
+
+    def host_workdir(self, index: int) -> str:
+        import tempfile
+        d = tempfile.mkdtemp(prefix=f"rstar2-sbx{index}-")
+        os.chmod(d, 0o711)  # per-call uids must traverse into their own 0700 job dirs
+        self._host_dirs.append(d)
+        return d
+
+    def queue_allowance(self, in_flight: int) -> float:
+        """Calls beyond the zygote's slots wait their turn: allow for that before calling the zygote hung."""
+        return (in_flight // self.slots) * (self.limits.timeout_s + 0.5)
+
+    def submit(self, code: str, stdin: str = "", limits: SandboxLimits | None = None) -> Future:
+        """Queue one call; the Future resolves to an ExecResult (never raises for anything the code does)."""
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("sandbox pool is closed")
+            kind = "sci" if _SCI.search(code) or not any(w.kind == "lean" for w in self.workers) else "lean"
+            worker = min((w for w in self.workers if w.alive and w.kind == kind), key=lambda w: len(w.pending),
+                         default=None)
+            if worker is None:
+                worker = self._replace_dead(kind)
+            call_id = next(self._ids)
+        worker.submit(call_id, code, stdin, limits or self.limits, fut)
+        return fut
+
+    def run_many(self, calls: list[tuple[str, str]], limits: SandboxLimits | None = None) -> list[ExecResult]:
+        """Run ``(code, stdin)`` pairs concurrently; results in input order."""
+        futs = [self.submit(c, s, limits) for c, s in calls]
+        return [f.result() for f in futs]
+
+    def _spawner(self):
+        # bwrap --die-with-parent uses PR_SET_PDEATHSIG, which fires when the *thread* that started it ends;
+        # so every zygote is started from this thread, which lives as long as the pool.
+        while True:
+            index, kind, fut = self._spawn_q.get()
+            if index is None:
+                return
+            try:
+                fut.set_result(_Worker(self, index, kind))
+            except BaseException as e:
+                fut.set_exception(e)
+
+    def _spawn(self, index: int, kind: str) -> _Worker:
+        fut: Future = Future()
+        self._spawn_q.put((index, kind, fut))
+        return fut.result()
+
+    def _replace_dead(self, kind: str | None = None) -> _Worker:
+        for i, w in enumerate(self.workers):
+            if not w.alive and kind in (None, w.kind):
+                self.workers[i] = self._spawn(w.index, w.kind).wait_ready()
+                self.restarts += 1
+                return self.workers[i]
+        raise RuntimeError("no sandbox worker")
+
+    def _worker_died(self, worker: _Worker, why: str) -> None:
+        worker.alive = False
+        with worker.lock:
+            pending, worker.pending = worker.pending, {}
+        for fut, _ in pending.values():
+            if not fut.done():
+                fut.set_result(ExecResult("error", None, "", f"sandbox worker failed ({why}); the call was lost",
+                                          0.0))
+        with self._lock:
+            if self._closed:
+                return
+            if not any(w is worker for w in self.workers):
+                return  # a submit already replaced it
+            log.warning("sandbox zygote %d %s; replacing it", worker.index, why)
+            try:
+                self._replace_dead(worker.kind)
+            except Exception as e:  # the next submit retries
+                log.error("could not restart sandbox zygote: %s", e)
+
+    def _watch(self):
+        while not self._closed:
+            time.sleep(0.25)
+            now = time.monotonic()
+            for w in list(self.workers):
+                if not w.alive:
+                    continue
+                with w.lock:
+                    late = any(deadline < now for _, deadline in w.pending.values())
+                if late or w.proc.poll() is not None:
+                    w.kill()  # the reader thread then sees EOF, fails its calls and replaces it
+
+    def close(self) -> None:
+        """Stop every zygote (killing its sandbox); idempotent."""
+        with self._lock:
+            self._closed = True
+        self._spawn_q.put((None, None, None))
+        for w in self.workers:
+            try:
+                w.proc.stdin.close()
+            except OSError:
+                pass
+        for w in self.workers:
+            try:
+                w.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            w.kill()
+        import shutil
+        for d in self._host_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,61 @@
+"""Structured results, limits and the text the model sees (paper §2.1; spec §2.4, §3.2)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+STATUSES = ("ok", "error", "timeout", "memory", "output-limit", "parse-error")
+
+
+@dataclass
+class ExecResult:
+    """Structured outcome of one tool call.
+
+    status: one of ``STATUSES``; exit_code: the process exit status (negative = killed by that signal);
+    stdout/stderr: captured text, each capped at ``max_output_bytes``; duration_s: wall seconds.
+    """
+    status: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SandboxLimits:
+    """Per-call limits.
+
+    timeout_s: wall clock (the whole process group is SIGKILLed); cpu_s: RLIMIT_CPU seconds; memory_mb:
+    address space the call may add on top of the warm interpreter it is forked from (RLIMIT_AS = that
+    interpreter's size + memory_mb); max_output_bytes: per stream, the call is killed past it (status
+    ``output-limit``); max_processes: RLIMIT_NPROC of the call's uid; max_file_mb: RLIMIT_FSIZE.
+    """
+    timeout_s: float = 5.0
+    cpu_s: int = 10
+    memory_mb: int = 1024
+    max_output_bytes: int = 65536
+    max_processes: int = 64
+    max_file_mb: int = 16
+
+
+def truncate_middle(text: str, max_chars: int) -> str:
+    """Keep the first and last ``max_chars // 2`` characters, joined by a marker (verl's middle truncation)."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    half = max_chars // 2
+    return f"{text[:half]}...(truncated {len(text) - 2 * half} chars)...{text[-half:]}"
+
+
+def render_result(res: ExecResult, max_chars: int = 256) -> str:
+    """The text the model sees in ``<tool_response>``, rendered from the structured result (spec §2.4)."""
+    if res.status == "ok":
+        text = res.stdout if res.stdout.strip() else "(no output)"
+    elif res.status == "timeout":
+        text = f"Tool call failure\nreason: timeout after {res.duration_s:.1f}s\n{res.stdout}".rstrip()
+    else:
+        tail = "\n".join(res.stderr.strip().splitlines()[-3:])
+        text = f"Tool call failure\nreason: {res.status}\n{res.stdout}{tail}".rstrip()
+    return truncate_middle(text.rstrip("\n"), max_chars)

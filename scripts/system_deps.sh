@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install the Debian packages the given purpose needs, only those missing (apt; sudo when not root).
+#   run : bubblewrap (the sandbox's namespaces)
+#   test: bubblewrap, redis-server (sandbox service tests), chromium (HTML report test)
+set -euo pipefail
+declare -A CMD=([bubblewrap]=bwrap [redis-server]=redis-server [chromium]=chromium)
+case "${1:-run}" in
+  run)  wanted=(bubblewrap) ;;
+  test) wanted=(bubblewrap redis-server chromium) ;;
+  *)    echo "usage: $0 run|test" >&2; exit 2 ;;
+esac
+missing=()
+for pkg in "${wanted[@]}"; do command -v "${CMD[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg"); done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "system_deps: please install ${missing[*]} (no apt-get here)" >&2; exit 1
+fi
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+echo "system_deps: installing ${missing[*]}" >&2
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
