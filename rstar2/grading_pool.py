@@ -47,7 +47,9 @@ def _serve(conn) -> None:
             if kind == "grade":
                 out = ("ok", grading.grade(*args))
             else:
-                out = ("ok", grading.score_trajectory(*args, on_bad_gold="zero"))
+                final_turn, gold, *answer_type = args  # (final_turn, gold[, answer_type])
+                out = ("ok", grading.score_trajectory(final_turn, gold, on_bad_gold="zero",
+                                                      answer_type=answer_type[0] if answer_type else "math"))
         except BaseException as e:  # math_verify's TimeoutException derives from BaseException
             out = ("error", f"{type(e).__name__}: {e}")
         conn.send(out)
@@ -152,14 +154,15 @@ def grade_many(pairs: list[tuple[str | None, str]], timeout_s: float = 5.0) -> l
     return res
 
 
-def score_many(items: list[tuple[str, str]], timeout_s: float = 5.0) -> list[dict]:
-    """:func:`rstar2.grading.score_trajectory` for ``(final_turn, gold)`` items in killable workers.
+def score_many(items: list[tuple], timeout_s: float = 5.0) -> list[dict]:
+    """:func:`rstar2.grading.score_trajectory` for ``(final_turn, gold)`` or ``(final_turn, gold, answer_type)``
+    items in killable workers (answer_type as in :data:`rstar2.grading.ANSWER_TYPES`, default ``"math"``).
 
     Returns its dicts (``pred``, ``reward``, and ``error`` for a bad gold) plus ``status`` and ``seconds``;
     a timeout or crash gives ``{"pred": None, "reward": 0.0, "status": "timeout" | "error", "error": msg}``.
     """
     res = []
-    for status, value, secs in _pool().map("score", [(t, g) for t, g in items], timeout_s):
+    for status, value, secs in _pool().map("score", [tuple(it) for it in items], timeout_s):
         if status == "ok":
             d = dict(value)
         else:

@@ -27,3 +27,13 @@ def test_score_many_returns_score_trajectory_dicts():
     res = score_many(items, timeout_s=5.0)
     assert [r["reward"] for r in res] == [1.0, 0.0]
     assert res[0]["pred"] == grading.score_trajectory(*items[0])["pred"] and res[0]["status"] == "ok"
+
+
+def test_score_many_passes_the_answer_type():
+    """A third item field selects the benchmark's grader: a letter counts under "choice" only."""
+    final = r"The right option is \boxed{C}."
+    res = score_many([(final, "C", "choice"), (final, "C")], timeout_s=5.0)
+    assert res[0]["reward"] == 1.0 and res[0]["status"] == "ok"
+    assert res[1]["status"] == "ok"
+    from rstar2.grading import score_trajectory
+    assert res[1]["reward"] == score_trajectory(final, "C")["reward"]

@@ -62,18 +62,20 @@ def _drop_stale_results(out: Path, params: dict) -> None:
 def score(trajs, golds: list[str], answer_types: list[str]) -> None:
     """Grade trajectories in place (``pred``, ``reward``, ``gold``) by their benchmark's answer type.
 
-    The answer is read from the final turn's text (grading.score_trajectory); a trajectory cut by the token
+    The answer is read from the final turn's text (grading.score_trajectory, run in killable workers with a
+    per-item time bound by grading_pool; an item that overruns scores 0); a trajectory cut by the token
     budget gets no answer and reward 0. Bad golds were rejected before any rollout.
     """
-    from ..grading import score_trajectory
+    from ..grading_pool import score_many
 
-    for t, gold, kind in zip(trajs, golds, answer_types, strict=True):
-        t.gold = gold
-        if t.truncated or not t.turns:
-            t.pred, t.reward = None, 0.0
-            continue
-        s = score_trajectory(t.turns[-1]["text"], gold, answer_type=kind)
-        t.pred, t.reward = s["pred"], s["reward"]
+    todo = []
+    for i, (t, gold) in enumerate(zip(trajs, golds, strict=True)):
+        t.gold, t.pred, t.reward = gold, None, 0.0
+        if not (t.truncated or not t.turns):
+            todo.append(i)
+    scored = score_many([(trajs[i].turns[-1]["text"], golds[i], answer_types[i]) for i in todo])
+    for i, s in zip(todo, scored):
+        trajs[i].pred, trajs[i].reward = s["pred"], s["reward"]
 
 
 def _load_problems(params: dict) -> dict[str, tuple[str, list[dict]]]:
