@@ -14,11 +14,12 @@ from typing import Callable
 from .. import sandbox
 from .agent_loop import (AgentLoop, DelayedToolRunner, Progress, RolloutConfig, ThreadPoolToolRunner, ToolRunner,
                          Trajectory, default_reward, grade)
-from .engines import Generation, HFEngine
+from .engines import Generation, HFEngine, OpenAIEngine, VLLMEngine, engines_for_trainer
 from .scheduler import Scheduler
 
 __all__ = ["AgentLoop", "DelayedToolRunner", "Generation", "HFEngine", "Progress", "RolloutConfig", "Scheduler",
-           "ThreadPoolToolRunner", "ToolRunner", "Trajectory", "default_reward", "run_async", "run_rollouts"]
+           "ThreadPoolToolRunner", "ToolRunner", "Trajectory", "default_engines", "default_reward", "engines_for_trainer",
+           "run_async", "run_rollouts"]
 
 
 def run_async(coro):
@@ -42,6 +43,28 @@ def run_async(coro):
     return box["value"]
 
 
+_VLLM_CACHE: dict = {}
+
+
+def default_engines(model, tok, cfg: RolloutConfig) -> list:
+    """The engines ``cfg.engine`` names (see RolloutConfig). An in-process vLLM is built once per model folder."""
+    stop = [tok.eos_token_id]
+    if cfg.engine == "server":
+        return [OpenAIEngine(url, cfg.server_model or model.config._name_or_path, stop, cfg.temperature, cfg.top_p,
+                             cfg.kv_cache_tokens) for url in cfg.server_urls]
+    if cfg.engine == "vllm":
+        path = model.config._name_or_path
+        if path not in _VLLM_CACHE:
+            from vllm import LLM  # optional GPU extra
+
+            _VLLM_CACHE[path] = LLM(model=path, enable_prefix_caching=True)
+        return [VLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, kv_tokens=cfg.kv_cache_tokens)]
+    if hasattr(model, "eval"):
+        model.eval()
+    return [HFEngine(model, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size, kv_tokens=cfg.kv_cache_tokens)
+            for _ in range(cfg.num_engines)]
+
+
 def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=None, *, engines: list | None = None,
                  tools: ToolRunner | None = None,
                  reward_fn: Callable[[str, str], dict] = default_reward) -> list[Trajectory]:
@@ -52,7 +75,7 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
         problems: dicts with ``id``, ``problem`` and (optional) ``answer``; repeat an entry for several samples.
         cfg: loop limits, sampling and scheduler settings.
         progress: optional callable(done, total) for progress reporting.
-        engines: inference engines (engines.py); default ``cfg.num_engines`` transformers engines on ``model``.
+        engines: inference engines (engines.py); default ``default_engines(model, tok, cfg)``.
         tools: executes tool calls (``async run(code, stdin) -> sandbox.ExecResult``); default: the local
             sandbox on a thread pool.
         reward_fn: ``(final_turn_text, gold) -> {"pred", "reward"}``; truncated trajectories score 0 without it.
@@ -64,10 +87,7 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
         tools = ThreadPoolToolRunner(sandbox.SandboxLimits(timeout_s=cfg.tool_timeout_s, memory_mb=cfg.tool_memory_mb),
                                      max_workers=cfg.tool_workers)
     if engines is None:
-        engines = [HFEngine(model, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size)
-                   for _ in range(cfg.num_engines)]
-        if hasattr(model, "eval"):
-            model.eval()
+        engines = default_engines(model, tok, cfg)
     agent = AgentLoop(tok, cfg, tools)
     trajs = [agent.new_trajectory(p) for p in problems]
     scheduler = Scheduler(engines, agent, cfg.scheduler, cfg.max_response_tokens, cfg.kv_cache_tokens,

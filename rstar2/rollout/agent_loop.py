@@ -24,7 +24,10 @@ class RolloutConfig:
     """Sampling, loop limits and rollout-engine settings. Token counts are in the policy tokenizer's tokens.
 
     batch_size: most sequences one engine runs in one forward batch (transformers engine).
-    num_engines: engine instances (transformers: replicas sharing one model object).
+    engine: "hf" (transformers ``generate`` on the policy), "vllm" (an in-process ``vllm.LLM`` on the
+        model's folder; GPU extra) or "server" (one OpenAI-compatible vLLM server per ``server_urls``
+        entry, serving ``server_model``).
+    num_engines: engine instances for "hf" (replicas sharing one model object).
     scheduler: "balanced" (KV-aware admission, no per-turn barrier; paper §3.2) or "static" (even split,
         per-turn barrier; the baseline the paper improves on).
     kv_cache_tokens: KV capacity per engine used for admission; None = ask the engine (None there too =
@@ -36,7 +39,10 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     batch_size: int = 16
+    engine: str = "hf"
     num_engines: int = 1
+    server_urls: tuple[str, ...] = ()
+    server_model: str | None = None
     scheduler: str = "balanced"
     kv_cache_tokens: int | None = None
     max_inflight_per_engine: int = 256
@@ -48,6 +54,11 @@ class RolloutConfig:
     tool_workers: int = 8
 
     def __post_init__(self):
+        if self.engine not in ("hf", "vllm", "server"):
+            raise ValueError(f"rollout.engine must be 'hf', 'vllm' or 'server', got {self.engine!r}")
+        if self.engine == "server" and not self.server_urls:
+            raise ValueError("rollout.engine 'server' needs rollout.server_urls")
+        self.server_urls = tuple(self.server_urls)
         if self.scheduler not in ("balanced", "static"):
             raise ValueError(f"rollout.scheduler must be 'balanced' or 'static', got {self.scheduler!r}")
         for name in ("max_response_tokens", "max_turns", "batch_size", "num_engines", "max_calls_per_turn",
