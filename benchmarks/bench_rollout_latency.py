@@ -3,8 +3,9 @@ execution (as TRL's built-in tool loop: per-turn generation barrier, then one ca
 against our loop (balanced scheduler: no barrier, each call dispatched as soon as its turn ends).
 
 Workload: 16 trajectories x 3 tool calls + 1 answer turn each. The "model" is a tiny random Qwen3
-(real transformers ``generate`` compute on CPU, real Qwen3 tokenizer) whose output tokens are replaced
-by a script, so every run does the same work: turn lengths differ per trajectory (40-160 tokens).
+(hidden 128, 4 layers, 1024-token vocabulary; real transformers ``generate`` compute on CPU, one thread)
+whose output tokens are replaced by a script written in the real Qwen3 tokenizer, so every run does the
+same work: turn lengths differ per trajectory (40-160 tokens).
 Tool calls run in the real sandbox (a child process each) plus ``--latency`` seconds of injected
 latency (``DelayedToolRunner``). The issue's target: our loop at 0.3 s latency <= 1.5x its time at 0 s.
 
@@ -43,9 +44,10 @@ class ScriptedCostModel:
         rows = [self.script([i for i, m in zip(ids, mask) if m])[:max_new_tokens]
                 for ids, mask in zip(input_ids.tolist(), attention_mask.tolist())]
         width = max(len(r) for r in rows)
-        with torch.no_grad():
-            self.inner.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=width,
-                                min_new_tokens=width, do_sample=False, pad_token_id=pad_token_id)
+        vocab = self.inner.config.vocab_size
+        with torch.no_grad():  # the cost model has a small vocabulary: fold the ids into it
+            self.inner.generate(input_ids=input_ids % vocab, attention_mask=attention_mask, max_new_tokens=width,
+                                min_new_tokens=width, do_sample=False, pad_token_id=0, eos_token_id=None)
         new = torch.tensor([r + [pad_token_id] * (width - len(r)) for r in rows])
         return torch.cat([input_ids, new], dim=1)
 
@@ -99,12 +101,19 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=16)
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8, help="engine batch size (rollout.batch_size)")
-    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
-    torch.set_num_threads(2)
-    inner, tok = models.tiny_qwen3(hidden_size=a.hidden, num_layers=4, num_heads=4)
+    torch.set_num_threads(1)  # several threads on 2 shared cores spin against each other (10x slower here)
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    inner = Qwen3ForCausalLM(Qwen3Config(vocab_size=1024, hidden_size=a.hidden, intermediate_size=4 * a.hidden,
+                                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=a.hidden // 4, max_position_embeddings=4096))
+    tok = models.qwen3_tokenizer()
     tok.eos_token = "<|im_end|>"
+    tok.pad_token = "<|endoftext|>"
     model = ScriptedCostModel(inner, make_script(tok, a.trajectories, a.calls, seed=0))
     problems = [{"id": i, "problem": f"Problem bench-{i}.", "answer": str(i)} for i in range(a.trajectories)]
     runs = [("our loop (balanced)", 0.0, "balanced", False), ("our loop (balanced)", a.latency, "balanced", False),
