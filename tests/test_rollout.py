@@ -92,3 +92,31 @@ def test_injected_tools_and_reward_hook(qwen_tokenizer):
                         reward_fn=lambda final, gold: {"pred": "x", "reward": 0.5})
     assert tools.codes == ["print(6*7)"] and t.tool_calls[0]["output"] == "7"
     assert (t.pred, t.reward) == ("x", 0.5)
+
+
+def test_config_errors_and_trainer_engines(qwen_tokenizer):
+    import types
+
+    import pytest
+
+    from rstar2.rollout import engines_for_trainer
+    from rstar2.rollout.engines import HFEngine, OpenAIEngine
+    from rstar2.stages.rl import rollout_config
+
+    with pytest.raises(ValueError, match="rollout.scheduler"):
+        RolloutConfig(scheduler="fifo")
+    with pytest.raises(ValueError, match="server_urls"):
+        RolloutConfig(engine="server")
+    cfg = rollout_config({"rollout": {"max_response_tokens": 64, "max_turns": 2, "temperature": 1.0, "top_p": 1.0,
+                                      "batch_size": 4, "engine": "server", "server_urls": ["http://127.0.0.1:1"],
+                                      "scheduler": "static", "kv_cache_tokens": None, "num_engines": 1,
+                                      "max_calls_per_turn": 1}, "tool": {}})
+    assert cfg.server_urls == ("http://127.0.0.1:1",) and cfg.scheduler == "static"
+    model = types.SimpleNamespace(config=types.SimpleNamespace(_name_or_path="m"))
+    plain = types.SimpleNamespace(use_vllm=False, model=model, accelerator=types.SimpleNamespace(unwrap_model=lambda m: m))
+    assert [type(e) for e in engines_for_trainer(plain, qwen_tokenizer, 1.0, 1.0, num_engines=2)] == [HFEngine] * 2
+    args = types.SimpleNamespace(vllm_mode="server", vllm_server_base_url=None, vllm_server_host="10.0.0.1",
+                                 vllm_server_port=8000)
+    served = types.SimpleNamespace(use_vllm=True, args=args, model=model)
+    (e,) = engines_for_trainer(served, qwen_tokenizer, 1.0, 1.0)
+    assert isinstance(e, OpenAIEngine) and e.base_url == "http://10.0.0.1:8000" and e.model == "m"
