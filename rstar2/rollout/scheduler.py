@@ -74,7 +74,7 @@ class Scheduler:
         inflight: list[dict[int, Trajectory]] = [{} for _ in self.engines]  # by id(trajectory)
         tasks: set[asyncio.Task] = set()
         wake = asyncio.Event()
-        finished = 0
+        finished = [0, 0]  # completed, reported
         failures: list[BaseException] = []
 
         def on_done(task: asyncio.Task, i: int, t: Trajectory) -> None:
@@ -82,6 +82,7 @@ class Scheduler:
             tasks.discard(task)
             if not task.cancelled() and task.exception() is not None:
                 failures.append(task.exception())
+            finished[0] += 1
             wake.set()
 
         try:
@@ -110,11 +111,9 @@ class Scheduler:
                 wake.clear()
                 if failures:
                     raise failures[0]
-                done_now = sum(1 for t in trajs if t.done) - finished
-                if done_now:
-                    finished += done_now
-                    if progress:
-                        progress(finished, len(trajs))
+                if progress and finished[0] > finished[1]:
+                    finished[1] = finished[0]
+                    progress(finished[0], len(trajs))
         finally:
             for task in tasks:
                 task.cancel()
