@@ -47,7 +47,13 @@ USER_PREFIX = (
 # Paper (Fig. 3) name; the released code uses "python_code_with_standard_io" (spec Appendix A.6).
 DEFAULT_TOOL_NAME = "execute_python_code_with_standard_io"
 
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+# The released parser's regex; kept for simple checks on well-formed data (SFT examples), not for parsing rollouts.
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# Closed reasoning blocks; a tool call written inside one is only mentioned, never executed (case T02).
+_REASONING_RE = re.compile(r"<(think|reason)>.*?</\1>", re.DOTALL)
+_FENCE_RE = re.compile(r"^\s*```[\w+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
+_JSON = json.JSONDecoder(strict=False)  # strict=False: raw newlines inside the code string are accepted
 
 
 def python_tool_schema(name: str = DEFAULT_TOOL_NAME) -> dict:
@@ -109,29 +115,80 @@ class ToolCall:
     error: str | None = None
 
 
-def parse_tool_calls(text: str, tool_name: str = DEFAULT_TOOL_NAME) -> list[ToolCall]:
-    """Parse every ``<tool_call>{json}</tool_call>`` block of one assistant turn, in order (spec §2.3).
+def _outside_reasoning(text: str) -> str:
+    """Blank out reasoning that is not an action: the opening reasoning (the turn starts inside the
+    ``<reason>`` the generation prompt opened, so everything before the first ``</reason>``) and every
+    later closed ``<reason>``/``<think>`` block. Offsets are kept (blanked with spaces)."""
+    def blank(m: re.Match) -> str:
+        return " " * len(m.group(0))
+    head = text.find("</reason>")
+    if head >= 0 and text.find("<reason>", 0, head) < 0:
+        text = " " * (head + len("</reason>")) + text[head + len("</reason>"):]
+    return _REASONING_RE.sub(blank, text)
 
-    JSON is parsed with ``strict=False`` so raw newlines inside the code string are accepted. ``arguments``
-    given as a JSON string are decoded. A block that fails yields ``ToolCall(error=...)`` whose text goes
-    back to the model as the tool response; code never runs with missing or partial arguments.
+
+def strip_code_fence(code: str) -> str:
+    """Code wrapped whole in a markdown fence (three backticks, optional language) -> the code inside (case T01)."""
+    m = _FENCE_RE.match(code)
+    return m.group(1) if m else code
+
+
+def _decode_call(obj, tool_name: str) -> ToolCall:
+    if not isinstance(obj, dict) or "name" not in obj or "arguments" not in obj:
+        raise ValueError("a tool call needs the keys 'name' and 'arguments'")
+    args = obj["arguments"]
+    if isinstance(args, str):  # arguments given as a JSON string (case T01)
+        args = json.loads(args, strict=False)
+    if not isinstance(args, dict) or not isinstance(args.get("code"), str):
+        raise ValueError("'arguments' must be an object with a string 'code'")
+    if obj["name"] != tool_name:
+        raise ValueError(f"unknown tool {obj['name']!r}; the only tool is {tool_name!r}")
+    code = strip_code_fence(args["code"])
+    if not code.strip():
+        raise ValueError("'code' is empty")
+    stdin = args.get("input") or ""
+    return ToolCall(name=obj["name"], code=code, stdin=str(stdin))
+
+
+def parse_tool_calls(text: str, tool_name: str = DEFAULT_TOOL_NAME) -> list[ToolCall]:
+    """Parse every ``<tool_call>{json}</tool_call>`` block of one complete assistant turn, in order (spec §2.3).
+
+    Rules (the released hermes parser, plus fixes for the failure cases in cases/handed.jsonl T01-T03):
+    - The JSON object is read with a JSON decoder from just after ``<tool_call>`` and must be followed by
+      ``</tool_call>``; so a ``</tool_call>`` *inside* the code string does not end the call (the
+      released non-greedy regex cuts there). Raw newlines in strings are accepted.
+    - ``arguments`` given as a JSON string is decoded; a code string wrapped whole in markdown fences is unwrapped.
+    - Calls inside closed ``<reason>``/``<think>`` blocks (and before the first ``</reason>``, since the
+      turn starts inside ``<reason>``) are mentions, not calls, and are ignored.
+    - Anything else wrong (bad JSON, a second object in one tag, unknown tool, missing/empty code, no
+      closing tag) yields ``ToolCall(error="Failed to decode tool call: ...")``: the text goes back to the
+      model as the tool response and code never runs with missing or partial arguments.
+    The caller must not parse a turn that was cut by the length limit (spec §2.5, case T04).
     """
-    calls = []
-    for block in TOOL_CALL_RE.findall(text):
+    text = _outside_reasoning(text)
+    calls: list[ToolCall] = []
+    pos = 0
+    while (start := text.find(TOOL_CALL_OPEN, pos)) >= 0:
+        body = start + len(TOOL_CALL_OPEN)
         try:
-            obj = json.loads(block.strip(), strict=False)
-            if not isinstance(obj, dict) or "name" not in obj or "arguments" not in obj:
-                raise ValueError("a tool call needs the keys 'name' and 'arguments'")
-            args = obj["arguments"]
-            if isinstance(args, str):
-                args = json.loads(args, strict=False)
-            if not isinstance(args, dict) or not isinstance(args.get("code"), str):
-                raise ValueError("'arguments' must be an object with a string 'code'")
-            if obj["name"] != tool_name:
-                raise ValueError(f"unknown tool {obj['name']!r}; the only tool is {tool_name!r}")
-            stdin = args.get("input") or ""
-            calls.append(ToolCall(name=obj["name"], code=args["code"], stdin=str(stdin)))
+            i = body
+            while i < len(text) and text[i].isspace():
+                i += 1
+            obj, end = _JSON.raw_decode(text, i)
+            j = end
+            while j < len(text) and text[j].isspace():
+                j += 1
+            if not text.startswith(TOOL_CALL_CLOSE, j):
+                close = text.find(TOOL_CALL_CLOSE, j)
+                pos = len(text) if close < 0 else close + len(TOOL_CALL_CLOSE)
+                raise ValueError("no closing </tool_call> after the JSON object" if close < 0 else
+                                 "extra text after the JSON object; write one object per <tool_call>")
+            pos = j + len(TOOL_CALL_CLOSE)
+            calls.append(_decode_call(obj, tool_name))
         except (ValueError, TypeError) as e:
+            if pos <= start:  # the JSON itself failed: resume after this block's closing tag
+                close = text.find(TOOL_CALL_CLOSE, body)
+                pos = len(text) if close < 0 else close + len(TOOL_CALL_CLOSE)
             calls.append(ToolCall(name=None, code=None, error=f"Failed to decode tool call: {e}"))
     return calls
 

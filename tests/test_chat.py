@@ -58,3 +58,58 @@ def test_encode_conversation_masks_everything_but_assistant_tokens(qwen_tokenize
     tool_turn = tok.encode(chat.tool_response_text(["'cba'"]))
     start = mask.index(0, len(rollout_prefix))
     assert ids[start:start + len(tool_turn)] == tool_turn
+
+
+# --- handed cases "tool-call parsing" (cases/handed.jsonl T01-T03); T04 is in test_rollout.py ---
+CASE_T01 = [  # (response, expected stdout when run); the cases name the tool "python"
+    ('<tool_call>\n{"name": "python", "arguments": {"code": "x = 2\nprint(x**10)"}}\n</tool_call>', "1024"),
+    ('<tool_call>{"name":"python","arguments":{"code":"s = \'</tool_call>\'\\nprint(len(s))"}}</tool_call>', "12"),
+    ('<tool_call>{"name":"python","arguments":{"code":"```python\\nprint(3)\\n```"}}</tool_call>', "3"),
+    ('<tool_call>{"name":"python","arguments":"{\\"code\\": \\"print(1)\\"}"}</tool_call>', "1"),
+]
+
+
+def test_t01_code_content_does_not_break_the_envelope():
+    from rstar2 import sandbox
+
+    for response, stdout in CASE_T01:
+        (call,) = chat.parse_tool_calls(response, "python")
+        assert call.error is None, (response, call.error)
+        assert sandbox.execute(call.code, call.stdin).stdout.strip() == stdout
+
+
+def test_t01_closing_tag_inside_code_keeps_the_whole_code():
+    (call,) = chat.parse_tool_calls(CASE_T01[1][0], "python")
+    assert call.code == "s = '</tool_call>'\nprint(len(s))"
+
+
+def test_t02_call_mentioned_inside_reasoning_is_not_executed():
+    response = ('<think>Maybe I should run <tool_call>{"name":"python","arguments":{"code":"print(0)"}}</tool_call>'
+                ' later.</think>\n<tool_call>{"name":"python","arguments":{"code":"print(1)"}}</tool_call>')
+    assert [c.code for c in chat.parse_tool_calls(response, "python")] == ["print(1)"]
+    # our turns start inside the <reason> the generation prompt opened: a call before </reason> is a mention
+    ours = 'I could <tool_call>{"name":"python","arguments":{"code":"print(0)"}}</tool_call>.</reason>\n' + \
+        '<tool_call>{"name":"python","arguments":{"code":"print(1)"}}</tool_call>'
+    assert [c.code for c in chat.parse_tool_calls(ours, "python")] == ["print(1)"]
+    # an unclosed reasoning block is not a closed mention: the call still counts
+    assert [c.code for c in chat.parse_tool_calls(ours.split("</reason>")[1], "python")] == ["print(1)"]
+
+
+def test_t03_several_calls_and_duplicated_objects():
+    two = ('<tool_call>{"name":"python","arguments":{"code":"a = 21"}}</tool_call>\n'
+           '<tool_call>{"name":"python","arguments":{"code":"print(a * 2)"}}</tool_call>')
+    assert [c.code for c in chat.parse_tool_calls(two, "python")] == ["a = 21", "print(a * 2)"]
+    dup = ('<tool_call>{"name":"python","arguments":{"code":"print(7)"}}'
+           '{"name":"python","arguments":{"code":"print(7)"}}</tool_call>')
+    (call,) = chat.parse_tool_calls(dup, "python")
+    assert call.code is None and call.error.startswith("Failed to decode tool call")
+    ten = "".join(chat.tool_call_text(f"print({i})", tool_name="python") for i in range(10))
+    assert [c.code for c in chat.parse_tool_calls(ten, "python")] == [f"print({i})" for i in range(10)]
+
+
+def test_unterminated_or_empty_calls_are_errors():
+    for text in ['<tool_call>{"name":"python","arguments":{"code":"print(1)"}}',       # no closing tag
+                 '<tool_call>{"name":"python","arguments":{"code":"  "}}</tool_call>',  # empty code
+                 '<tool_call>{"name":"python","arguments":{"code":"print(1)"}']:         # cut JSON
+        (call,) = chat.parse_tool_calls(text, "python")
+        assert call.code is None and call.error.startswith("Failed to decode tool call"), text

@@ -51,3 +51,72 @@ def test_turn_limit_and_parse_error_feedback(qwen_tokenizer):
     assert t.finish_reason == "max_turns" and len(t.turns) == 2
     assert t.turns[0]["tool_calls"][0]["status"] == "parse-error"
     assert "Failed to decode tool call" in tok.decode(t.response_ids)
+
+
+def test_t03_dependent_calls_in_one_turn_see_earlier_names(qwen_tokenizer):
+    tok = qwen_tokenizer
+    turns = ["Two steps.</reason>\n" + chat.tool_call_text("a = 21") + chat.tool_call_text("print(a * 2)") + "<|im_end|>",
+             "Done.</reason>\n<answer>\\boxed{42}</answer><|im_end|>"]
+    (t,) = run_rollouts(ScriptedModel(tok, turns), tok, _problem(), RolloutConfig(max_calls_per_turn=2))
+    assert [c["code"] for c in t.tool_calls] == ["a = 21", "print(a * 2)"]
+    assert [c["output"] for c in t.tool_calls] == ["(no output)", "42"] and t.reward == 1.0
+
+
+def test_t03_calls_over_the_limit_run_in_order_and_the_model_is_told(qwen_tokenizer):
+    tok = qwen_tokenizer
+    turns = ["Many.</reason>\n" + "".join(chat.tool_call_text(f"print({i})") for i in range(10)) + "<|im_end|>",
+             "Done.</reason>\n<answer>\\boxed{42}</answer><|im_end|>"]
+    (t,) = run_rollouts(ScriptedModel(tok, turns), tok, _problem(), RolloutConfig(max_calls_per_turn=4))
+    assert [c["output"] for c in t.tool_calls] == ["0", "1", "2", "3"]
+    assert t.turns[0]["dropped_calls"] == 6
+    tool_text = tok.decode([i for i, m in zip(t.response_ids, t.response_mask) if not m])
+    assert "6 further tool call(s) in this turn were not executed" in tool_text
+
+
+def test_injected_tools_and_reward_hook(qwen_tokenizer):
+    from rstar2 import sandbox
+
+    class Echo:
+        def __init__(self):
+            self.codes = []
+
+        async def run(self, code, stdin=""):
+            self.codes.append(code)
+            return sandbox.ExecResult("ok", 0, "7\n", "", 0.0)
+
+    tok = qwen_tokenizer
+    turns = ["Go.</reason>\n" + chat.tool_call_text("print(6*7)") + "<|im_end|>",
+             "Done.</reason>\n<answer>\\boxed{7}</answer><|im_end|>"]
+    tools = Echo()
+    (t,) = run_rollouts(ScriptedModel(tok, turns), tok, _problem(), RolloutConfig(), tools=tools,
+                        reward_fn=lambda final, gold: {"pred": "x", "reward": 0.5})
+    assert tools.codes == ["print(6*7)"] and t.tool_calls[0]["output"] == "7"
+    assert (t.pred, t.reward) == ("x", 0.5)
+
+
+def test_config_errors_and_trainer_engines(qwen_tokenizer):
+    import types
+
+    import pytest
+
+    from rstar2.rollout import engines_for_trainer
+    from rstar2.rollout.engines import HFEngine, OpenAIEngine
+    from rstar2.stages.rl import rollout_config
+
+    with pytest.raises(ValueError, match="rollout.scheduler"):
+        RolloutConfig(scheduler="fifo")
+    with pytest.raises(ValueError, match="server_urls"):
+        RolloutConfig(engine="server")
+    cfg = rollout_config({"rollout": {"max_response_tokens": 64, "max_turns": 2, "temperature": 1.0, "top_p": 1.0,
+                                      "batch_size": 4, "engine": "server", "server_urls": ["http://127.0.0.1:1"],
+                                      "scheduler": "static", "kv_cache_tokens": None, "num_engines": 1,
+                                      "max_calls_per_turn": 1}, "tool": {}})
+    assert cfg.server_urls == ("http://127.0.0.1:1",) and cfg.scheduler == "static"
+    model = types.SimpleNamespace(config=types.SimpleNamespace(_name_or_path="m"))
+    plain = types.SimpleNamespace(use_vllm=False, model=model, accelerator=types.SimpleNamespace(unwrap_model=lambda m: m))
+    assert [type(e) for e in engines_for_trainer(plain, qwen_tokenizer, 1.0, 1.0, num_engines=2)] == [HFEngine] * 2
+    args = types.SimpleNamespace(vllm_mode="server", vllm_server_base_url=None, vllm_server_host="10.0.0.1",
+                                 vllm_server_port=8000)
+    served = types.SimpleNamespace(use_vllm=True, args=args, model=model)
+    (e,) = engines_for_trainer(served, qwen_tokenizer, 1.0, 1.0)
+    assert isinstance(e, OpenAIEngine) and e.base_url == "http://10.0.0.1:8000" and e.model == "m"

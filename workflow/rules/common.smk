@@ -109,7 +109,7 @@ def label_verification_params():
 
 def _rollout(section, temperature, top_p, batch_size):
     return {"max_response_tokens": section["max_response_tokens"], "max_turns": section["max_turns"],
-            "temperature": temperature, "top_p": top_p, "batch_size": batch_size}
+            "temperature": temperature, "top_p": top_p, "batch_size": batch_size, **config.get("rollout", {})}
 
 
 def rl_params(stage):

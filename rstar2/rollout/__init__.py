@@ -1,0 +1,110 @@
+"""The rollout layer shared by RL, hard-problem mining and evaluation (paper §2.1, §3.2; spec §2, §4).
+
+``run_rollouts`` builds the agent loop (agent_loop.py), the engines (engines.py; transformers ``generate``
+on the policy by default) and the scheduler (scheduler.py; KV-aware, load-balanced, no per-turn barrier
+by default), runs every trajectory to its end and grades it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Callable
+
+from .. import sandbox
+from .agent_loop import (AgentLoop, DelayedToolRunner, Progress, RolloutConfig, ThreadPoolToolRunner, ToolRunner,
+                         Trajectory, default_reward, grade)
+from .engines import Generation, HFEngine, OpenAIEngine, VLLMEngine, engines_for_trainer
+from .scheduler import Scheduler
+
+__all__ = ["AgentLoop", "DelayedToolRunner", "Generation", "HFEngine", "Progress", "RolloutConfig", "Scheduler",
+           "ThreadPoolToolRunner", "ToolRunner", "Trajectory", "default_engines", "default_reward", "engines_for_trainer",
+           "run_async", "run_rollouts"]
+
+
+def run_async(coro):
+    """Run a coroutine to completion from synchronous code, also when the caller's thread has a running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box = {}
+
+    def target():
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+    th = threading.Thread(target=target)
+    th.start()
+    th.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+_VLLM_CACHE: dict = {}
+
+
+def default_engines(model, tok, cfg: RolloutConfig) -> list:
+    """The engines ``cfg.engine`` names (see RolloutConfig). An in-process vLLM is built once per model folder."""
+    stop = [tok.eos_token_id]
+    if cfg.engine == "server":
+        return [OpenAIEngine(url, cfg.server_model or model.config._name_or_path, stop, cfg.temperature, cfg.top_p,
+                             cfg.kv_cache_tokens) for url in cfg.server_urls]
+    if cfg.engine == "vllm":
+        path = model.config._name_or_path
+        if path not in _VLLM_CACHE:
+            from vllm import LLM  # optional GPU extra
+
+            _VLLM_CACHE[path] = LLM(model=path, enable_prefix_caching=True)
+        return [VLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, kv_tokens=cfg.kv_cache_tokens)]
+    if hasattr(model, "eval"):
+        model.eval()
+    return [HFEngine(model, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size, kv_tokens=cfg.kv_cache_tokens)
+            for _ in range(cfg.num_engines)]
+
+
+def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=None, *, engines: list | None = None,
+                 tools: ToolRunner | None = None,
+                 reward_fn: Callable[[str, str], dict] = default_reward) -> list[Trajectory]:
+    """Roll out one trajectory per entry of ``problems`` and grade it.
+
+    Args:
+        model, tok: the policy and its tokenizer (``model`` is only used to build the default engines).
+        problems: dicts with ``id``, ``problem`` and (optional) ``answer``; repeat an entry for several samples.
+        cfg: loop limits, sampling and scheduler settings.
+        progress: optional callable(done, total) for progress reporting.
+        engines: inference engines (engines.py); default ``default_engines(model, tok, cfg)``.
+        tools: executes tool calls (``async run(code, stdin) -> sandbox.ExecResult``); default: the local
+            sandbox on a thread pool.
+        reward_fn: ``(final_turn_text, gold) -> {"pred", "reward"}``; truncated trajectories score 0 without it.
+    Returns:
+        Trajectories in input order, graded (those without ``answer`` are not graded).
+    """
+    owned_tools = tools is None
+    if tools is None:
+        tools = ThreadPoolToolRunner(sandbox.SandboxLimits(timeout_s=cfg.tool_timeout_s, memory_mb=cfg.tool_memory_mb),
+                                     max_workers=cfg.tool_workers)
+    if engines is None:
+        engines = default_engines(model, tok, cfg)
+    agent = AgentLoop(tok, cfg, tools)
+    trajs = [agent.new_trajectory(p) for p in problems]
+    scheduler = Scheduler(engines, agent, cfg.scheduler, cfg.max_response_tokens, cfg.kv_cache_tokens,
+                          cfg.max_inflight_per_engine)
+
+    async def main():
+        try:
+            return await scheduler.run(trajs, progress)
+        finally:
+            for e in engines:
+                if hasattr(e, "aclose"):
+                    await e.aclose()
+    try:
+        run_async(main())
+    finally:
+        if owned_tools:
+            tools.close()
+    for t in trajs:
+        grade(t, reward_fn)
+    return trajs

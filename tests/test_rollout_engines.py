@@ -1,0 +1,182 @@
+"""Engines: transformers batching, the OpenAI-compatible client against a fake vLLM server on loopback,
+and the in-process vLLM engine against a fake ``LLM`` (vLLM itself is never imported)."""
+
+import asyncio
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rstar2 import chat
+from rstar2.rollout import RolloutConfig, run_rollouts
+from rstar2.rollout.engines import HFEngine, OpenAIEngine, VLLMEngine, kv_tokens_from_metrics
+
+
+class BatchScriptedModel:
+    """generate() for a batch: row r emits ``script(row_context)`` (left padding respected)."""
+
+    def __init__(self, script):
+        self.script, self.batch_sizes = script, []
+
+    def eval(self):
+        return self
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, pad_token_id, **kw):
+        self.batch_sizes.append(len(input_ids))
+        rows = [self.script([i for i, m in zip(ids, mask) if m])[:max_new_tokens]
+                for ids, mask in zip(input_ids.tolist(), attention_mask.tolist())]
+        width = max(len(r) for r in rows)
+        new = torch.tensor([r + [pad_token_id] * (width - len(r)) for r in rows])
+        return torch.cat([input_ids, new], dim=1)
+
+
+def _turns(tok):
+    call = tok.encode("Run.</reason>\n" + chat.tool_call_text("print(6*7)") + "<|im_end|>", add_special_tokens=False)
+    answer = tok.encode("Done.</reason>\n<answer>\\boxed{42}</answer><|im_end|>", add_special_tokens=False)
+    resp = tok.encode("<tool_response>", add_special_tokens=False)
+
+    def script(ctx):  # answer once the context holds a tool response
+        has_resp = any(ctx[i:i + len(resp)] == resp for i in range(len(ctx) - len(resp) + 1))
+        return answer if has_resp else call
+    return script
+
+
+def test_hf_engine_batches_concurrent_requests_and_cuts_rows(qwen_tokenizer):
+    tok = qwen_tokenizer
+    model = BatchScriptedModel(_turns(tok))
+    eng = HFEngine(model, tok, temperature=0, max_batch=3)
+    prompt = tok.encode("hello", add_special_tokens=False)
+
+    async def main():
+        outs = await asyncio.gather(*(eng.generate(prompt, n) for n in (200, 200, 200, 200, 5)))
+        await eng.aclose()
+        return outs
+    outs = asyncio.run(main())
+    assert model.batch_sizes == [3, 2]
+    assert all(o.finish_reason == "stop" and o.token_ids[-1] == tok.eos_token_id for o in outs[:4])
+    assert outs[4].finish_reason == "length" and len(outs[4].token_ids) == 5
+
+
+def test_hf_engine_rollouts_balanced_and_static_agree(qwen_tokenizer):
+    tok = qwen_tokenizer
+    problems = [{"id": f"p{i}", "problem": "What is 6 times 7?", "answer": "42"} for i in range(5)]
+    for mode in ("balanced", "static"):
+        model = BatchScriptedModel(_turns(tok))
+        trajs = run_rollouts(model, tok, problems, RolloutConfig(scheduler=mode, batch_size=4, num_engines=2))
+        assert [t.reward for t in trajs] == [1.0] * 5, mode
+        assert all(t.tool_calls[0]["output"] == "42" for t in trajs)
+
+
+class _FakeVLLM(BaseHTTPRequestHandler):
+    """A loopback stand-in for ``vllm serve``: /v1/completions with token ids in and out, and /metrics."""
+    script = None
+    requests: list = []
+    omit_eos = False
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body, ctype="application/json"):
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/metrics":
+            self._send(200, '# HELP x\nvllm:cache_config_info{block_size="16",cache_dtype="auto",'
+                            'num_gpu_blocks="1000"} 1.0\nvllm:num_requests_running 0.0\n', "text/plain")
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(body)
+        if self.path != "/v1/completions" or not all(isinstance(i, int) for i in body["prompt"]):
+            return self._send(400, {"error": "bad request"})
+        ids = type(self).script(body["prompt"])
+        finish = "stop" if len(ids) <= body["max_tokens"] else "length"
+        ids = ids[: body["max_tokens"]]
+        if finish == "stop" and type(self).omit_eos:
+            ids = ids[:-1]
+        self._send(200, {"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": finish}]})
+
+
+@pytest.fixture
+def fake_server(qwen_tokenizer):
+    _FakeVLLM.script, _FakeVLLM.requests, _FakeVLLM.omit_eos = _turns(qwen_tokenizer), [], False
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVLLM)
+    th = threading.Thread(target=server.serve_forever, daemon=True)
+    th.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("omit_eos", [False, True])
+def test_openai_engine_rollouts_against_fake_vllm_server(qwen_tokenizer, fake_server, omit_eos):
+    tok = qwen_tokenizer
+    _FakeVLLM.omit_eos = omit_eos
+    eng = OpenAIEngine(fake_server, "policy", [tok.eos_token_id], temperature=0.6)
+    assert eng.kv_capacity_tokens() == 16_000
+    problems = [{"id": f"p{i}", "problem": "What is 6 times 7?", "answer": "42"} for i in range(3)]
+    trajs = run_rollouts(None, tok, problems, RolloutConfig(max_response_tokens=400), engines=[eng])
+    assert [t.reward for t in trajs] == [1.0] * 3
+    t = trajs[0]
+    assert t.response_ids[-1] == tok.eos_token_id and len(t.response_ids) == len(t.response_mask)
+    first = _FakeVLLM.requests[0]
+    assert first["prompt"] == t.prompt_ids and first["return_token_ids"] is True
+    assert first["temperature"] == 0.6 and first["stop_token_ids"] == [tok.eos_token_id]
+    # the second turn's context is exactly prompt + first turn + masked tool turn: ids appended, not re-tokenised
+    second = [r for r in _FakeVLLM.requests if len(r["prompt"]) > len(t.prompt_ids)][0]
+    assert second["prompt"] == t.prompt_ids + t.response_ids[: len(second["prompt"]) - len(t.prompt_ids)]
+
+
+def test_openai_engine_budget_cut_and_server_errors(qwen_tokenizer, fake_server):
+    tok = qwen_tokenizer
+    eng = OpenAIEngine(fake_server, "policy", [tok.eos_token_id])
+    (t,) = run_rollouts(None, tok, [{"id": "p", "problem": "q", "answer": "42"}], RolloutConfig(max_response_tokens=10),
+                        engines=[eng])
+    assert t.finish_reason == "budget" and t.tool_calls == [] and t.reward == 0.0
+    bad = OpenAIEngine(fake_server + "/nowhere", "policy", [tok.eos_token_id], kv_tokens=1000)
+    with pytest.raises(RuntimeError, match=r"nowhere/v1/completions: HTTP 400"):
+        run_rollouts(None, tok, [{"id": "p", "problem": "q"}], RolloutConfig(), engines=[bad])
+
+
+def test_kv_tokens_from_metrics():
+    assert kv_tokens_from_metrics('vllm:cache_config_info{block_size="16",num_gpu_blocks="10"} 1.0') == 160
+    assert kv_tokens_from_metrics("vllm:num_requests_running 0.0") is None
+
+
+def test_vllm_engine_with_a_fake_llm(qwen_tokenizer):
+    tok = qwen_tokenizer
+    script = _turns(tok)
+
+    class FakeLLM:
+        def __init__(self):
+            self.calls = []
+            cache = SimpleNamespace(num_gpu_blocks=100, block_size=16)
+            self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache))
+
+        def generate(self, prompts, params, use_tqdm=False):
+            self.calls.append(len(prompts))
+            outs = []
+            for p, sp in zip(prompts, params):
+                ids = script(p["prompt_token_ids"])
+                fin = "stop" if len(ids) <= sp["max_tokens"] else "length"
+                outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids[: sp["max_tokens"]], finish_reason=fin)]))
+            return outs
+
+    llm = FakeLLM()
+    eng = VLLMEngine(llm, [tok.eos_token_id], sampling_params_cls=dict)
+    assert eng.kv_capacity_tokens() == 1600
+    problems = [{"id": f"p{i}", "problem": "What is 6 times 7?", "answer": "42"} for i in range(4)]
+    trajs = run_rollouts(None, tok, problems, RolloutConfig(max_response_tokens=400), engines=[eng])
+    assert [t.reward for t in trajs] == [1.0] * 4
+    assert sum(llm.calls) == 8 and "vllm" not in sys.modules
