@@ -24,7 +24,7 @@ import time
 import torch
 
 from rstar2 import chat, models, sandbox
-from rstar2.rollout import DelayedToolRunner, RolloutConfig, ThreadPoolToolRunner, run_rollouts
+from rstar2.rollout import DelayedToolRunner, RolloutConfig, run_rollouts
 
 
 class ScriptedCostModel:
@@ -83,7 +83,7 @@ class SerialToolRunner:
 
 
 def one_step(model, tok, problems, latency: float, mode: str, serial: bool, batch: int) -> tuple[float, list]:
-    base = ThreadPoolToolRunner(sandbox.SandboxLimits(timeout_s=5), max_workers=16)
+    base = sandbox.shared_client(sandbox.SandboxLimits(timeout_s=5))
     tools = DelayedToolRunner(base, latency)
     if serial:
         tools = SerialToolRunner(tools)

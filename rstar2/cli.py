@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(a: argparse.Namespace) -> None:
+    if a.params.get("sandbox") is not None:
+        # One sandbox setup per stage process: tool calls (rollouts, SFT data) go through this pool/service.
+        from . import sandbox
+        sandbox.configure(**a.params["sandbox"])
     if a.stage == "base-model":
         from .stages import base_model
         base_model.run(a.params, a.out)

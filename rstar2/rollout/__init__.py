@@ -12,13 +12,13 @@ import threading
 from typing import Callable
 
 from .. import sandbox
-from .agent_loop import (AgentLoop, DelayedToolRunner, Progress, RolloutConfig, ThreadPoolToolRunner, ToolRunner,
-                         Trajectory, default_reward, grade)
+from .agent_loop import (AgentLoop, DelayedToolRunner, Progress, RolloutConfig, ToolRunner,
+                         Trajectory, grade_all)
 from .engines import Generation, HFEngine, OpenAIEngine, VLLMEngine, engines_for_trainer
 from .scheduler import Scheduler
 
 __all__ = ["AgentLoop", "DelayedToolRunner", "Generation", "HFEngine", "Progress", "RolloutConfig", "Scheduler",
-           "ThreadPoolToolRunner", "ToolRunner", "Trajectory", "default_engines", "default_reward", "engines_for_trainer",
+           "ToolRunner", "Trajectory", "default_engines", "engines_for_trainer",
            "run_async", "run_rollouts"]
 
 
@@ -67,7 +67,7 @@ def default_engines(model, tok, cfg: RolloutConfig) -> list:
 
 def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=None, *, engines: list | None = None,
                  tools: ToolRunner | None = None,
-                 reward_fn: Callable[[str, str], dict] = default_reward) -> list[Trajectory]:
+                 reward_fn: Callable[[str, str], dict] | None = None) -> list[Trajectory]:
     """Roll out one trajectory per entry of ``problems`` and grade it.
 
     Args:
@@ -76,16 +76,17 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
         cfg: loop limits, sampling and scheduler settings.
         progress: optional callable(done, total) for progress reporting.
         engines: inference engines (engines.py); default ``default_engines(model, tok, cfg)``.
-        tools: executes tool calls (``async run(code, stdin) -> sandbox.ExecResult``); default: the local
-            sandbox on a thread pool.
-        reward_fn: ``(final_turn_text, gold) -> {"pred", "reward"}``; truncated trajectories score 0 without it.
+        tools: executes tool calls (``async run(code, stdin) -> sandbox.ExecResult``); default: the sandbox's
+            batching client (``sandbox.shared_client``: the configured service, or the shared warm pool).
+        reward_fn: ``(final_turn_text, gold) -> {"pred", "reward"}``; default: grading.score_trajectory in the
+            killable grading workers. Truncated trajectories score 0 without it.
     Returns:
         Trajectories in input order, graded (those without ``answer`` are not graded).
     """
     owned_tools = tools is None
     if tools is None:
-        tools = ThreadPoolToolRunner(sandbox.SandboxLimits(timeout_s=cfg.tool_timeout_s, memory_mb=cfg.tool_memory_mb),
-                                     max_workers=cfg.tool_workers)
+        tools = sandbox.shared_client(sandbox.SandboxLimits(timeout_s=cfg.tool_timeout_s,
+                                                            memory_mb=cfg.tool_memory_mb))
     if engines is None:
         engines = default_engines(model, tok, cfg)
     agent = AgentLoop(tok, cfg, tools)
@@ -105,6 +106,5 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
     finally:
         if owned_tools:
             tools.close()
-    for t in trajs:
-        grade(t, reward_fn)
+    grade_all(trajs, reward_fn)
     return trajs

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
-from .. import chat, grading, sandbox
+from .. import chat, grading_pool, sandbox
 
 
 @dataclass
@@ -51,7 +50,6 @@ class RolloutConfig:
     tool_max_chars: int = 256
     tool_timeout_s: float = 5.0
     tool_memory_mb: int = 1024
-    tool_workers: int = 8
 
     def __post_init__(self):
         if self.engine not in ("hf", "vllm", "server"):
@@ -62,7 +60,7 @@ class RolloutConfig:
         if self.scheduler not in ("balanced", "static"):
             raise ValueError(f"rollout.scheduler must be 'balanced' or 'static', got {self.scheduler!r}")
         for name in ("max_response_tokens", "max_turns", "batch_size", "num_engines", "max_calls_per_turn",
-                     "tool_workers", "max_inflight_per_engine"):
+                     "max_inflight_per_engine"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -118,24 +116,6 @@ class ToolRunner(Protocol):
     async def run(self, code: str, stdin: str = "") -> sandbox.ExecResult: ...
 
 
-class ThreadPoolToolRunner:
-    """Default ``ToolRunner``: ``sandbox.execute`` (one child process per call) on a thread pool.
-
-    Threads only wait on child processes, so ``max_workers`` calls run at once without blocking the
-    event loop that drives generation.
-    """
-
-    def __init__(self, limits: sandbox.SandboxLimits | None = None, max_workers: int = 8):
-        self.limits = limits or sandbox.SandboxLimits()
-        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")
-
-    async def run(self, code: str, stdin: str = "") -> sandbox.ExecResult:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, sandbox.execute, code, stdin, self.limits)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False)
-
-
 class DelayedToolRunner:
     """Wraps a ToolRunner and adds ``delay_s`` of latency per call (network / queueing), without holding a worker."""
 
@@ -147,20 +127,28 @@ class DelayedToolRunner:
         return await self.inner.run(code, stdin)
 
 
-def default_reward(final_turn: str, gold: str) -> dict:
-    """Reward hook: ``{"pred", "reward"}`` for the final assistant turn (grading.score_trajectory; Eq. 3)."""
-    return grading.score_trajectory(final_turn, gold)
+def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | None = None) -> None:
+    """Set ``pred``/``reward`` of every trajectory that has a gold answer (Eq. 3).
 
-
-def grade(t: Trajectory, reward_fn: Callable[[str, str], dict] = default_reward) -> None:
-    """Set ``t.pred``/``t.reward``; a truncated trajectory scores 0 and is not graded (spec §1.8)."""
-    if t.gold is None:
-        return
-    if t.truncated:
+    A truncated trajectory scores 0 and is not graded (spec §1.8). The others are graded on their final
+    assistant turn by ``reward_fn(final_turn, gold) -> {"pred", "reward"}`` or, by default, by
+    ``grading.score_trajectory`` in the killable grading workers (``grading_pool.score_many``: a
+    per-item time bound, so an adversarial answer such as ``9^{9^{9}}`` cannot hang the rollout).
+    """
+    todo = []
+    for t in trajs:
+        if t.gold is None:
+            continue
         t.pred, t.reward = None, 0.0
-        return
-    scored = reward_fn(t.turns[-1]["text"] if t.turns else "", t.gold)
-    t.pred, t.reward = scored["pred"], scored["reward"]
+        if not t.truncated:
+            todo.append(t)
+    finals = [t.turns[-1]["text"] if t.turns else "" for t in todo]
+    if reward_fn is None:
+        scored = grading_pool.score_many([(f, t.gold) for f, t in zip(finals, todo)])
+    else:
+        scored = [reward_fn(f, t.gold) for f, t in zip(finals, todo)]
+    for t, s in zip(todo, scored):
+        t.pred, t.reward = s["pred"], s["reward"]
 
 
 def with_earlier_cells(earlier: list[str], code: str) -> str:

@@ -39,22 +39,36 @@ from .results import STATUSES, ExecResult, SandboxLimits, render_result, truncat
 
 __all__ = ["STATUSES", "ExecResult", "SandboxLimits", "render_result", "truncate_middle", "execute",
            "execute_many", "Pool", "SandboxClient", "make_client", "configure", "Isolation", "detect",
-           "ISOLATION_MODES", "DEFAULT_PRELOAD", "shared_pool"]
+           "ISOLATION_MODES", "DEFAULT_PRELOAD", "shared_pool", "shared_client"]
 
+_CLIENT_KEYS = ("batch_size", "batch_timeout_s", "url")
 _shared: Pool | None = None
 _shared_kwargs: dict = {}
+_client_kwargs: dict = {}
 _shared_lock = threading.Lock()
 
 
-def configure(**pool_kwargs) -> None:
-    """Set the options (workers, slots, isolation, allow_unsandboxed, preload) of the shared pool used by
-    ``execute`` / ``execute_many``; closes the current one so the next call starts with them."""
-    global _shared, _shared_kwargs
+def configure(**cfg) -> None:
+    """Apply the config's ``sandbox`` section to this process: pool options (workers, slots, isolation,
+    allow_unsandboxed, preload) for the shared pool behind ``execute`` / ``execute_many`` /
+    :func:`shared_client`, and client options (batch_size, batch_timeout_s, url) for :func:`shared_client`.
+    Closes the current shared pool so the next call starts with them. Unknown keys raise TypeError later,
+    when the pool is built."""
+    global _shared, _shared_kwargs, _client_kwargs
     with _shared_lock:
         if _shared is not None:
             _shared.close()
             _shared = None
-        _shared_kwargs = dict(pool_kwargs)
+        _client_kwargs = {k: cfg[k] for k in _CLIENT_KEYS if cfg.get(k) is not None}
+        _shared_kwargs = {k: v for k, v in cfg.items() if k not in _CLIENT_KEYS}
+
+
+def shared_client(limits: SandboxLimits | None = None) -> SandboxClient:
+    """A batching client with ``limits`` over the configured service (``url``) or the shared local pool; the
+    rollout loop's default tool runner. Closing it leaves the shared pool running for the next caller."""
+    if _client_kwargs.get("url"):
+        return SandboxClient(limits=limits, **_client_kwargs)
+    return SandboxClient(limits=limits, pool=shared_pool(), **_client_kwargs)
 
 
 def shared_pool() -> Pool:

@@ -102,9 +102,14 @@ def verifier_model_arg():
 def label_verification_params():
     lv = config["label_verification"]
     return as_json({"enabled": lv["enabled"], "samples": lv["samples"], "min_matches": lv["min_matches"],
-                    "only_sources": lv["only_sources"], "tool": config["tool"],
+                    "only_sources": lv["only_sources"], **_tools(),
                     "rollout": _rollout(lv, lv["temperature"], lv["top_p"], lv["batch_size"]),
                     "seed": config["seed"]})
+
+
+def _tools():
+    # The tool's wire settings and the sandbox that runs it (pool or service), for every stage that rolls out.
+    return {"tool": config["tool"], "sandbox": config["sandbox"]}
 
 
 def _rollout(section, temperature, top_p, batch_size):
@@ -116,14 +121,14 @@ def rl_params(stage):
     rl = config["rl"]
     st = rl["stages"][stage]
     shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size")}
-    return as_json({**shared, "name": f"rl_{stage}", "steps": st["steps"], "tool": config["tool"],
+    return as_json({**shared, "name": f"rl_{stage}", "steps": st["steps"], **_tools(),
                     "rollout": _rollout(st, rl["temperature"], rl["top_p"], rl["batch_size"]),
                     "seed": config["seed"]})
 
 
 def hard_problems_params():
     hp, rl = config["hard_problems"], config["rl"]
-    return as_json({"k": hp["k"], "subset_size": hp["subset_size"], "tool": config["tool"],
+    return as_json({"k": hp["k"], "subset_size": hp["subset_size"], **_tools(),
                     "rollout": _rollout(hp, rl["temperature"], rl["top_p"], rl["batch_size"]),
                     "seed": config["seed"]})
 
@@ -131,7 +136,7 @@ def hard_problems_params():
 def evaluate_params():
     ev = config["evaluate"]
     return as_json({"benchmarks": {b: config["benchmarks"][b] for b in ev["benchmarks"]},
-                    "limit": ev["limit"], "k": ev["k"], "tool": config["tool"],
+                    "limit": ev["limit"], "k": ev["k"], **_tools(),
                     "rollout": _rollout(ev, ev["temperature"], ev["top_p"], ev["batch_size"]),
                     "seed": config["seed"]})
 
