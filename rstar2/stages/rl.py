@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import time
@@ -100,3 +101,5 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
                            "rollouts": sum(1 for _ in open(out / "rollouts.jsonl")) if (out / "rollouts.jsonl").exists() else 0},
                    started=t0)
     shutil.rmtree(ckpt_root, ignore_errors=True)  # after the manifest: a finished stage needs no checkpoints
+    with contextlib.suppress(OSError):  # results/rl/checkpoints itself, once no stage has any left
+        ckpt_root.parent.rmdir()
