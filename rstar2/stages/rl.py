@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
 import random
 import shutil
 import time
@@ -23,31 +23,42 @@ def rollout_config(p: dict) -> RolloutConfig:
 
 
 def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
-    """Train one RL stage with TRL's GRPOTrainer and our rollout layer.
+    """Train one RL stage with TRL's GRPOTrainer and our rollout layer, resuming from its last checkpoint.
 
     Args:
         params: the stage's resolved config: steps, prompts_per_step, group_size, oversample, mode,
-            positive_selection, learning_rate, warmup_steps, clip_low, clip_high, rollout{...}, tool{...}, seed.
+            positive_selection, error_penalty, format_penalty, penalty_eps, checkpoint_every, learning_rate,
+            warmup_steps, clip_low, clip_high, rollout{...}, tool{...}, seed.
         model_dir: folder of the starting model (previous stage's ``model/``).
         data_path: JSON Lines with ``id``, ``problem``, ``answer`` (rl_data's train.jsonl or hard_problems' hard.jsonl).
-        out_dir: ``results/rl/stageN``; writes ``model/``, ``metrics.jsonl``, ``rollouts.jsonl``, then ``manifest.json``.
+        out_dir: ``results/rl/stageN``; writes ``model/``, ``metrics.jsonl``, ``rollouts.jsonl``,
+            ``tensorboard/``, then ``manifest.json``. Checkpoints go to ``results/rl/checkpoints/stageN``
+            (``rstar2.rl.checkpoints``): a killed stage resumes from the last one, with optimizer, LR schedule,
+            RNG, data position, step counter and logs as they were at that step.
     Raises:
         ValueError: the training set is empty (e.g. hard-problem mining kept nothing).
     """
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from .. import models
-    from ..rl.trainer import RolloutFunc, make_metrics_callback, rollout_reward
+    from ..rl import checkpoints
+    from ..rl.trainer import (PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, read_state,
+                              rollout_reward)
 
     t0 = time.time()
     out = Path(out_dir)
-    for stale in ("metrics.jsonl", "rollouts.jsonl"):  # a rerun starts the stage's logs afresh
-        (out / stale).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     rows = read_jsonl(data_path)
     if not rows:
         raise ValueError(f"{data_path}: no training problems; nothing to train on")
+    ckpt_root = checkpoints.checkpoint_root(out)
+    resume = checkpoints.prepare(ckpt_root, checkpoints.fingerprint(params, model_dir, data_path))
+    resume_step = read_state(resume)["step"] if resume else 0
+    for log in ("metrics.jsonl", "rollouts.jsonl"):  # keep exactly the steps the checkpoint contains
+        checkpoints.truncate_log(out / log, resume_step)
+    shutil.rmtree(out / "tensorboard", ignore_errors=True)  # rewritten from metrics.jsonl below on resume
+
     # Each stage draws its own prompt order: with one seed for all, stage 2 would replay stage 1's prompts.
     seed = params["seed"] + zlib.crc32(params.get("name", "rl").encode()) % 10_000
     random.Random(seed).shuffle(rows)
@@ -56,28 +67,39 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
 
     model, tok = models.load(model_dir)
     G = params["group_size"]
+    every = params.get("checkpoint_every", 1)
     args = GRPOConfig(
-        output_dir=str(out / "trainer_scratch"), use_cpu=True, bf16=False, seed=seed,
+        output_dir=str(ckpt_root), use_cpu=True, bf16=False, seed=seed,
         per_device_train_batch_size=params["prompts_per_step"] * G, gradient_accumulation_steps=1,
         num_generations=G, max_steps=params["steps"], learning_rate=params["learning_rate"],
         lr_scheduler_type="constant_with_warmup", warmup_steps=params.get("warmup_steps", 0),
-        beta=0.0, epsilon=params["clip_low"], epsilon_high=params["clip_high"], loss_type="dapo",
-        scale_rewards="group", num_iterations=1, max_completion_length=params["rollout"]["max_response_tokens"],
-        logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=False, remove_unused_columns=False,
-        weight_decay=0.01, max_grad_norm=1.0,
+        beta=0.0, entropy_coef=0.0, epsilon=params["clip_low"], epsilon_high=params["clip_high"],
+        loss_type="dapo", num_iterations=1, max_completion_length=params["rollout"]["max_response_tokens"],
+        logging_steps=1, save_strategy="steps" if every > 0 else "no", save_steps=max(every, 1),
+        save_total_limit=2, save_only_model=False, report_to=[], disable_tqdm=False,
+        remove_unused_columns=False, weight_decay=0.01, max_grad_norm=1.0,
     )
+    penalty = PenaltyConfig(params.get("error_penalty", "status"), params.get("format_penalty", "paper"),
+                            params.get("penalty_eps", 1e-3))
     rollout_fn = RolloutFunc(answers, rollout_config(params), G, params.get("oversample", 2), params["mode"],
-                             params.get("positive_selection", "inverse_prob"), seed, str(out))
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    trainer = GRPOTrainer(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
-                          processing_class=tok, rollout_func=rollout_fn,
-                          callbacks=[make_metrics_callback(rollout_fn, str(out / "metrics.jsonl"))])
-    trainer.train()
+                             params.get("positive_selection", "inverse_prob"), seed, str(out), penalty)
+    if resume:
+        rollout_fn.load_state_dict(read_state(resume))
+        print(f"[rl] resuming {params.get('name', 'rl')} from {resume} (step {resume_step})", flush=True)
+    callback = make_metrics_callback(rollout_fn, str(out / "metrics.jsonl"), str(out / "tensorboard"))
+    if resume:
+        callback.replay(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else [])
+    trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
+                                   processing_class=tok, rollout_fn=rollout_fn, callbacks=[callback])
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     trainer.model.save_pretrained(out / "model")
     tok.save_pretrained(out / "model")
-    shutil.rmtree(out / "trainer_scratch", ignore_errors=True)
     metrics = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
     write_manifest(out, stage=params.get("name", "rl"), params=params, inputs=[model_dir, data_path],
-                   counts={"steps": len(metrics), "train_problems": len(rows),
+                   counts={"steps": len(metrics), "updates_skipped": sum(bool(m.get("update_skipped")) for m in metrics),
+                           "train_problems": len(rows), "resumed_from_step": resume_step,
                            "rollouts": sum(1 for _ in open(out / "rollouts.jsonl")) if (out / "rollouts.jsonl").exists() else 0},
                    started=t0)
+    shutil.rmtree(ckpt_root, ignore_errors=True)  # after the manifest: a finished stage needs no checkpoints
+    with contextlib.suppress(OSError):  # results/rl/checkpoints itself, once no stage has any left
+        ckpt_root.parent.rmdir()

@@ -1,4 +1,8 @@
 # Multi-stage RL with GRPO-RoC (paper §2.2, §4.3): each stage starts from the previous stage's model.
+# Step-level resume: each stage checkpoints every rl.checkpoint_every steps into results/rl/checkpoints/stageN,
+# which is deliberately not a declared output (Snakemake deletes declared outputs before rerunning a rule, so
+# the checkpoints would be lost). A killed stage resumes from its last checkpoint when the same inputs and
+# params come back; the stage deletes its checkpoints after writing its manifest (rstar2/rl/checkpoints.py).
 
 
 rule rl_stage1:

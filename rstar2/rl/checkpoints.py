@@ -1,0 +1,93 @@
+"""Step-level resume of an RL stage: where checkpoints live, which one is valid, and log truncation.
+
+A stage's checkpoints live in ``results/rl/checkpoints/<stage>/`` (``checkpoint_root``), outside the rule's
+declared output (``results/rl/<stage>/manifest.json``): Snakemake deletes a rule's declared outputs before
+rerunning it and would otherwise take the checkpoints with them. Each checkpoint is TRL/transformers'
+``checkpoint-<step>/`` (model, optimizer, LR scheduler, RNG states, trainer state with the step counter,
+from which the data position follows) plus our ``rstar2_state.json`` (rollout step and RoC selection RNG),
+written last as the completeness marker. ``fingerprint.json`` ties the folder to one set of inputs: params,
+the training data and the starting model; any change discards the old checkpoints. The stage deletes the
+folder after its manifest is written. To force a fresh start, delete ``results/rl/checkpoints/<stage>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ..io import atomic_write_text, digest, write_json
+from .trainer import STATE_FILE
+
+
+def checkpoint_root(out_dir: str | os.PathLike) -> Path:
+    """``results/rl/stageN`` -> ``results/rl/checkpoints/stageN``."""
+    out = Path(out_dir)
+    return out.parent / "checkpoints" / out.name
+
+
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(params: dict, model_dir: str | os.PathLike, data_path: str | os.PathLike) -> str:
+    """Digest of what determines a stage's training run: params, data file contents, model folder contents
+    (names, sizes and contents of every file)."""
+    model_files = sorted(p for p in Path(model_dir).rglob("*") if p.is_file())
+    return digest({"params": params, "data": _file_sha(Path(data_path)),
+                   "model": [(str(p.relative_to(model_dir)), p.stat().st_size, _file_sha(p)) for p in model_files]})
+
+
+def latest_complete(root: Path) -> Path | None:
+    """The highest-step ``checkpoint-<n>`` under ``root`` that holds the completeness marker, or None."""
+    found = []
+    for p in root.glob("checkpoint-*"):
+        m = re.fullmatch(r"checkpoint-(\d+)", p.name)
+        if m and (p / STATE_FILE).exists():
+            found.append((int(m.group(1)), p))
+    return max(found)[1] if found else None
+
+
+def prepare(root: Path, fp: str) -> Path | None:
+    """Make ``root`` ready for a run with fingerprint ``fp``; return the checkpoint to resume from, if any.
+
+    A folder written for other inputs (or without a fingerprint) is removed first.
+    """
+    fp_file = root / "fingerprint.json"
+    if root.exists():
+        try:
+            same = json.loads(fp_file.read_text())["fingerprint"] == fp
+        except (OSError, ValueError, KeyError):
+            same = False
+        if not same:
+            shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    if not fp_file.exists():
+        write_json(fp_file, {"fingerprint": fp})
+    return latest_complete(root)
+
+
+def truncate_log(path: Path, last_step: int) -> None:
+    """Keep only the rows of a JSON Lines log whose ``step`` <= ``last_step`` (atomic rewrite): the steps
+    after the resumed checkpoint are redone and would otherwise appear twice."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # a write cut off by the kill: the step it belonged to is redone
+                break
+            raise ValueError(f"{path}: line {i + 1}: invalid JSON") from None
+        if row.get("step", 0) <= last_step:
+            rows.append(line + "\n")
+    atomic_write_text(path, "".join(rows))
