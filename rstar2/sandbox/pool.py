@@ -46,6 +46,8 @@ sympy.factor(x**2 - 1); sympy.expand((x + y)**3); sympy.solve(x**2 - 2, x)
 sympy.simplify(sympy.sin(x)**2 + sympy.cos(x)**2); sympy.integrate(x**2, x); sympy.diff(sympy.exp(x), x)
 sympy.isprime(97); sympy.factorint(360); sympy.Rational(1, 3) + 1; sympy.Matrix([[1, 2], [3, 4]]).det()
 sympy.nsimplify(0.5); sympy.binomial(10, 3); sympy.sqrt(8); sympy.N(sympy.pi, 20)
+# Printing is the usual last step of a call: initialise sympy's and numpy's printers once here, not per child.
+str(sympy.factor(x**2 - 1)); repr(sympy.sqrt(8) / 3); str(sympy.Matrix([[1, 2], [3, 4]])); repr(np.arange(3) / 2)
 np.linalg.solve(np.eye(2), np.ones(2)); np.arange(10).sum()
 """
 CHILD_ENV = {"MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/rstar2-mpl", "OPENBLAS_NUM_THREADS": "1",
