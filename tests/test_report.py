@@ -282,3 +282,21 @@ def test_report_pages_render_in_headless_chromium(tmp_path, fake_inputs):
     assert traj["scripts"] == 2                     # the probe's own two; the model's <script> is text
     assert "print(6*7)" in traj["code"] and any("<script>x=1</script>" in c for c in traj["code"])
     assert "sft · aime24 · aime24-60" in traj["headings"]
+
+
+def test_unparsed_or_cut_tool_call_stays_visible_in_trajectory_pages():
+    """Only executed calls are replaced by a placeholder (their code is shown below); a call that was cut off
+    by the length limit or failed to parse is shown as the model wrote it."""
+    from rstar2.report.trajectories import render
+
+    cut = 'Let me check.<tool_call>{"name": "python", "arguments": {"code": "print(2**10'
+    bad = 'Try.<tool_call>{"name": "python", "arguments": {"code": oops}}</tool_call>'
+    ran = 'Compute.<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>'
+    rec = {"question": "q", "pred": None, "gold": "1", "reward": 0.0,
+           "turns": [{"text": ran, "tool_calls": [{"code": "print(1)", "status": "ok", "output": "1"}]},
+                     {"text": cut, "tool_calls": []},
+                     {"text": bad, "tool_calls": [{"code": None, "status": "parse-error", "output": "bad JSON"}]}]}
+    texts = [getattr(b, "text", "") for b in render("t", rec)]
+    assert any("Compute.[tool call: code below]" in t for t in texts)
+    assert any("print(2**10" in t and "Let me check." in t for t in texts)
+    assert any('"code": oops' in t for t in texts)

@@ -80,7 +80,10 @@ def render(title: str, rec: dict) -> list:
     blocks: list = [Heading(title, 4), Para(" · ".join(facts)),
                     Code(_cut(rec.get("question") or ""), label="problem")]
     for i, turn in enumerate(turns, 1):
-        text = _TOOL_CALL_RE.sub("[tool call: code below]", turn.get("text") or "").strip()
+        text = (turn.get("text") or "").strip()
+        if any(c.get("code") is not None for c in turn.get("tool_calls") or []):
+            # The executed code is shown below; a call that was cut off or failed to parse stays in the raw text.
+            text = _TOOL_CALL_RE.sub("[tool call: code below]", text)
         blocks.append(Code(_cut(text) or "(empty)", label=f"turn {i}: model"))
         for j, call in enumerate(turn.get("tool_calls") or [], 1):
             status = call.get("status") or "?"
