@@ -202,3 +202,16 @@ def test_custom_dataset_through_config_alone(tmp_path):
     log = (wd / "logs/rl_candidates.log").read_text()
     assert "dataset 'my_problems'" in log and "missing field 'gold'" in log and "row 0" in log
     assert "Traceback" not in log
+
+
+def test_missing_data_file_fails_at_parse_time_even_with_old_outputs(tmp_path):
+    """A mistyped dataset path must fail loudly, not let finished outputs built from the old file stand (trial
+    finding: rl_candidates was not scheduled and rl_data reused the previous candidates)."""
+    wd = _copy_workflow(tmp_path)
+    smk(wd, "--cores", "1", "results/rl_candidates/manifest.json", "--configfile", "configs/custom_data.example.yaml")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text((wd / "configs/custom_data.example.yaml").read_text()
+                    .replace("data/examples/custom_problems.csv", "data/examples/custom_problemz.csv"))
+    proc = smk(wd, "-n", "results/rl_data/manifest.json", "--configfile", str(typo), check=False)
+    assert proc.returncode != 0
+    assert "not found" in proc.stderr + proc.stdout and "custom_problemz.csv" in proc.stderr + proc.stdout

@@ -59,7 +59,13 @@ def sft_params():
 
 def _local(paths):
     # Local dataset files are inputs, so editing one reruns the stages that read it; hub ids are not files.
-    return [p for p in paths if p and not str(p).startswith("hub:")]
+    # A missing file fails here, at parse time: otherwise Snakemake may keep the outputs built from the old
+    # file and never schedule the stage that would report it.
+    local = [p for p in paths if p and not str(p).startswith("hub:")]
+    missing = [p for p in local if not os.path.exists(p)]
+    if missing:
+        raise ValueError(f"config: data file(s) not found (paths are relative to {os.getcwd()}): {missing}")
+    return local
 
 
 def rl_data_files():
