@@ -52,10 +52,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(a: argparse.Namespace) -> None:
-    if a.params.get("sandbox") is not None:
-        # One sandbox setup per stage process: tool calls (rollouts, SFT data) go through this pool/service.
+    sandbox_cfg = os.environ.get("RSTAR2_SANDBOX")
+    if sandbox_cfg:
+        # The config's sandbox section, set by the workflow in the environment (not in params: it does not
+        # change results). Tool calls of this stage (rollouts, SFT data) go through this pool or service.
         from . import sandbox
-        sandbox.configure(**a.params["sandbox"])
+        sandbox.configure(**json.loads(sandbox_cfg))
     if a.stage == "base-model":
         from .stages import base_model
         base_model.run(a.params, a.out)

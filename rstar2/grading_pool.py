@@ -8,6 +8,10 @@ deadline is SIGKILLed and replaced, and that item scores 0 with status ``timeout
 
 The grading code itself (:func:`rstar2.grading.grade`, :func:`rstar2.grading.score_trajectory`) is not
 model-written code, so these workers are not namespace-sandboxed; only their time is bounded.
+
+Workers start through multiprocessing's forkserver, which imports the calling script's ``__main__``: a script
+that calls :func:`grade_many` / :func:`score_many` must do so under ``if __name__ == "__main__":`` (as any
+multiprocessing program), otherwise every worker re-runs the script and each item ends as ``timeout``.
 """
 
 from __future__ import annotations

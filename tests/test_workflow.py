@@ -147,6 +147,11 @@ def test_deleted_stage2_reruns_stage2_and_dependents_only(workdir):
     assert planned_jobs(workdir, str(changed)) == expected
     assert planned_eval_models(workdir, str(changed)) == {"rl_stage2", "rl_stage3"}
 
+    # How the sandbox runs (batching, pool size) does not change results: changing it reruns nothing.
+    perf = workdir / "configs/tiny_sandbox.yaml"
+    perf.write_text(text + "\nsandbox: {batch_size: 32, slots: 8, batch_timeout_s: 0.01}\n")
+    assert planned_jobs(workdir, str(perf)) == {}
+
 
 @pytest.mark.slow
 def test_html_report_in_headless_chromium(workdir, tmp_path):

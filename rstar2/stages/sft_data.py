@@ -516,9 +516,8 @@ def convert_toolformer(rows: list[dict], idx: list[int], params: dict, stats: di
 
     jobs = [(c["code"], "") for _, _, _, calls, _ in pending for c in calls]
     results: list[sandbox.ExecResult] = []
-    sandbox_cfg = dict(params.get("sandbox") or {})
     t0 = time.time()
-    with sandbox.make_client(limits=limits, **sandbox_cfg) as client, \
+    with sandbox.shared_client(limits) as client, \
             tqdm(total=len(jobs), desc="sft_data toolformer sandbox", unit="call", file=sys.stderr,
                  mininterval=2.0) as bar:
         workers = len(client.pool.workers) if client.pool is not None else 0

@@ -49,7 +49,7 @@ def base_model_params():
 def sft_data_params():
     return as_json({**config["sft_data"], "tool_name": config["tool"]["name"],
                     "tool_timeout_s": config["tool"]["timeout_s"],
-                    "max_tool_chars": config["tool"]["max_output_chars"], "sandbox": config["sandbox"],
+                    "max_tool_chars": config["tool"]["max_output_chars"],
                     "seed": config["seed"]})
 
 
@@ -114,8 +114,13 @@ def label_verification_params():
 
 
 def _tools():
-    # The tool's wire settings and the sandbox that runs it (pool or service), for every stage that rolls out.
-    return {"tool": config["tool"], "sandbox": config["sandbox"]}
+    # The tool's wire settings, for every stage that rolls out. How the sandbox runs (isolation, pool size,
+    # batching, service URL) does not change results, so it travels in the environment, not in params:
+    # changing it reruns nothing (see RSTAR2_SANDBOX below).
+    return {"tool": config["tool"]}
+
+
+os.environ["RSTAR2_SANDBOX"] = json.dumps(config["sandbox"])  # read by `rstar2 <stage>` (rstar2/cli.py)
 
 
 def _rollout(section, temperature, top_p, batch_size):
