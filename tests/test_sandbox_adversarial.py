@@ -128,6 +128,7 @@ def test_s03_huge_output_is_capped(pool, code):
 
 
 @pytest.mark.parametrize("code", ["x = bytearray(64 * 1024**3)", "a = [0] * (10**10)",
+                                  "import numpy as np\nx = np.ones(10 * 1024**3)",
                                   "chunks = []\nwhile True:\n    chunks.append(b'x' * 10**8)"])
 def test_s04_memory_blowup_reports_memory(pool, code):
     fut = pool.submit(code)

@@ -299,7 +299,8 @@ def main() -> None:
                 status = "timeout"
             elif rc == -signal.SIGXFSZ or last.startswith("OSError: [Errno 27]"):  # RLIMIT_FSIZE
                 status = "output-limit"
-            elif last.startswith("MemoryError") or "sandbox setup failed: " in stderr and "MemoryError" in last:
+            elif last.split(":", 1)[0].endswith("MemoryError") or \
+                    "sandbox setup failed: " in stderr and "MemoryError" in last:  # incl. numpy's _ArrayMemoryError
                 status = "memory"
             else:
                 status = "ok" if rc == 0 else "error"
