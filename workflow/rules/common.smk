@@ -120,7 +120,9 @@ def _tools():
     return {"tool": config["tool"]}
 
 
-os.environ["RSTAR2_SANDBOX"] = json.dumps(config["sandbox"])  # read by `rstar2 <stage>` (rstar2/cli.py)
+# Set by the workflow itself, not required from the user, hence no `envvars:` declaration. Jobs on other nodes
+# (cluster executors) that do not inherit it run the sandbox with its defaults.
+os.environ.update(RSTAR2_SANDBOX=json.dumps(config["sandbox"]))  # read by `rstar2 <stage>` (rstar2/cli.py)
 
 
 def _rollout(section, temperature, top_p, batch_size):
