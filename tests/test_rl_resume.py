@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from conftest import kill_group_when
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,15 +89,8 @@ def test_killed_stage_resumes_with_same_steps_data_order_and_weights(setup):
     ckpts = root / "run" / "checkpoints" / "stage1"
     proc = subprocess.Popen(_cmd(root, params, out), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    try:
-        while not (ckpts / "checkpoint-2" / "rstar2_state.json").exists():
-            assert proc.poll() is None, "the stage ended before its second checkpoint"
-            assert time.time() < deadline, "no second checkpoint in time"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_group_when(proc, lambda: (ckpts / "checkpoint-2" / "rstar2_state.json").exists(), 300,
+                    "the stage ended before its second checkpoint", "no second checkpoint in time", poll_s=0.05)
     assert not (out / "manifest.json").exists(), "killed too late: the stage had finished"
     killed_at = max(r["step"] for r in _rows(out / "metrics.jsonl"))
     assert 2 <= killed_at < STEPS

@@ -8,13 +8,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import kill_group_when
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -95,15 +94,9 @@ def test_killed_mid_stage_then_completes(workdir):
     proc = subprocess.Popen([*SNAKEMAKE, "--cores", "2", "--configfile", TINY], cwd=workdir, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     stage1 = workdir / "results/rl/stage1"
-    deadline = time.time() + 400
-    try:
-        while not (stage1 / "rollouts.jsonl").exists():  # mid-stage: rollouts written, model not yet saved
-            assert proc.poll() is None, "the run ended before rl_stage1 started"
-            assert time.time() < deadline, "rl_stage1 did not start in time"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    # mid-stage: rollouts written, model not yet saved
+    kill_group_when(proc, lambda: (stage1 / "rollouts.jsonl").exists(), 400,
+                    "the run ended before rl_stage1 started", "rl_stage1 did not start in time")
     assert (workdir / "results/sft/manifest.json").exists()
     assert not (stage1 / "manifest.json").exists()
     assert not (workdir / "results/report/manifest.json").exists()

@@ -18,7 +18,7 @@ from .engines import Generation, HFEngine, OpenAIEngine, VLLMEngine, engines_for
 from .scheduler import Scheduler
 
 __all__ = ["AgentLoop", "DelayedToolRunner", "Generation", "HFEngine", "Progress", "RolloutConfig", "Scheduler",
-           "ToolRunner", "Trajectory", "default_engines", "engines_for_trainer",
+           "ToolRunner", "Trajectory", "default_engines", "engines_for_trainer", "grade_all",
            "run_async", "run_rollouts"]
 
 

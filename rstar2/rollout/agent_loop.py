@@ -127,27 +127,31 @@ class DelayedToolRunner:
         return await self.inner.run(code, stdin)
 
 
-def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | None = None) -> None:
+def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | None = None,
+              answer_types: list[str] | None = None) -> None:
     """Set ``pred``/``reward`` of every trajectory that has a gold answer (Eq. 3).
 
     A truncated trajectory scores 0 and is not graded (spec §1.8). The others are graded on their final
     assistant turn by ``reward_fn(final_turn, gold) -> {"pred", "reward"}`` or, by default, by
     ``grading.score_trajectory`` in the killable grading workers (``grading_pool.score_many``: a
     per-item time bound, so an adversarial answer such as ``9^{9^{9}}`` cannot hang the rollout).
+    ``answer_types`` (one per trajectory, as in ``grading.ANSWER_TYPES``; default ``"math"``) picks each
+    benchmark's grader on that default path.
     """
+    types = answer_types or ["math"] * len(trajs)
     todo = []
-    for t in trajs:
+    for t, kind in zip(trajs, types, strict=True):
         if t.gold is None:
             continue
         t.pred, t.reward = None, 0.0
         if not t.truncated:
-            todo.append(t)
-    finals = [t.turns[-1]["text"] if t.turns else "" for t in todo]
+            todo.append((t, kind))
+    finals = [t.turns[-1]["text"] if t.turns else "" for t, _ in todo]
     if reward_fn is None:
-        scored = grading_pool.score_many([(f, t.gold) for f, t in zip(finals, todo)])
+        scored = grading_pool.score_many([(f, t.gold, kind) for f, (t, kind) in zip(finals, todo)])
     else:
-        scored = [reward_fn(f, t.gold) for f, t in zip(finals, todo)]
-    for t, s in zip(todo, scored):
+        scored = [reward_fn(f, t.gold) for f, (t, _) in zip(finals, todo)]
+    for (t, _), s in zip(todo, scored):
         t.pred, t.reward = s["pred"], s["reward"]
 
 

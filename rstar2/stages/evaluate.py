@@ -66,16 +66,11 @@ def score(trajs, golds: list[str], answer_types: list[str]) -> None:
     per-item time bound by grading_pool; an item that overruns scores 0); a trajectory cut by the token
     budget gets no answer and reward 0. Bad golds were rejected before any rollout.
     """
-    from ..grading_pool import score_many
+    from ..rollout import grade_all
 
-    todo = []
-    for i, (t, gold) in enumerate(zip(trajs, golds, strict=True)):
-        t.gold, t.pred, t.reward = gold, None, 0.0
-        if not (t.truncated or not t.turns):
-            todo.append(i)
-    scored = score_many([(trajs[i].turns[-1]["text"], golds[i], answer_types[i]) for i in todo])
-    for i, s in zip(todo, scored):
-        trajs[i].pred, trajs[i].reward = s["pred"], s["reward"]
+    for t, gold in zip(trajs, golds, strict=True):
+        t.gold = gold
+    grade_all(trajs, answer_types=answer_types)
 
 
 def _load_problems(params: dict) -> dict[str, tuple[str, list[dict]]]:
