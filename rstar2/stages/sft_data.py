@@ -7,7 +7,9 @@ stage builds a small open stand-in from three sources copied under ``data/sft/``
 * ``glaive``  - LLaMA-Factory's glaive-function-calling-v2 demo (ShareGPT, JSON function calls),
 * ``toolformer`` - GPTeacher Toolformer rows that grant ``python`` access, turned into REAL calls of our code
   tool whose responses come from actually running the code in :mod:`rstar2.sandbox`,
-* ``alpaca``  - LLaMA-Factory's Alpaca demo (instruction following), minus math-looking rows.
+* ``alpaca``  - LLaMA-Factory's Alpaca demo (instruction following), minus math-looking rows,
+* ``string_tools`` - generated string-manipulation tasks solved through the python tool
+  (:mod:`rstar2.data.string_tools`; off unless ``n`` is set), in the RL prompt and answer format.
 
 Output ``<out_dir>/train.jsonl``: one row per conversation, ``{"id", "source", "messages"}`` with
 ``messages = [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]``, ready for
@@ -104,6 +106,7 @@ DEFAULT_PARAMS = {
     "glaive": {"path": "data/sft/glaive_toolcall_en_demo.json", "limit": None},
     "toolformer": {"path": "data/sft/gpteacher_toolformer_python.json", "limit": None},
     "alpaca": {"path": "data/sft/alpaca_en_demo.json", "limit": None},
+    "string_tools": None,
     "tool_name": chat.DEFAULT_TOOL_NAME,
     "tool_timeout_s": 5.0,
     "max_tool_chars": 256,
@@ -479,6 +482,23 @@ def _final_text(response: str, calls: list[dict], outputs: list[str], code_task:
     return re.sub(r"\n{3,}", "\n\n", "".join(pieces)).strip()
 
 
+def _run_in_sandbox(jobs: list[tuple[str, str]], limits, name: str, stats: dict) -> list:
+    """Run ``(code, stdin)`` jobs through the sandbox client with a progress bar; records ``stats["sandbox"]``."""
+    results: list[sandbox.ExecResult] = []
+    t0 = time.time()
+    with sandbox.shared_client(limits) as client, \
+            tqdm(total=len(jobs), desc=f"sft_data {name} sandbox", unit="call", file=sys.stderr,
+                 mininterval=2.0) as bar:
+        workers = len(client.pool.workers) if client.pool is not None else 0
+        for k in range(0, len(jobs), 64):
+            chunk = jobs[k:k + 64]
+            results += client.run_many(chunk)
+            bar.update(len(chunk))
+    stats["sandbox"] = {"calls": len(jobs), "wall_s": round(time.time() - t0, 2), "workers": workers,
+                        "status": dict(Counter(r.status for r in results))}
+    return results
+
+
 def convert_toolformer(rows: list[dict], idx: list[int], params: dict, stats: dict) -> list[dict]:
     seed, tool_name = params.get("seed", 0), params.get("tool_name", chat.DEFAULT_TOOL_NAME)
     max_chars = int(params.get("max_tool_chars", 256))
@@ -515,18 +535,7 @@ def convert_toolformer(rows: list[dict], idx: list[int], params: dict, stats: di
         pending.append((row_id, user, response, calls, bool(_CODE_TASK.search(task))))
 
     jobs = [(c["code"], "") for _, _, _, calls, _ in pending for c in calls]
-    results: list[sandbox.ExecResult] = []
-    t0 = time.time()
-    with sandbox.shared_client(limits) as client, \
-            tqdm(total=len(jobs), desc="sft_data toolformer sandbox", unit="call", file=sys.stderr,
-                 mininterval=2.0) as bar:
-        workers = len(client.pool.workers) if client.pool is not None else 0
-        for k in range(0, len(jobs), 64):
-            chunk = jobs[k:k + 64]
-            results += client.run_many(chunk)
-            bar.update(len(chunk))
-    stats["sandbox"] = {"calls": len(jobs), "wall_s": round(time.time() - t0, 2), "workers": workers,
-                        "status": dict(Counter(r.status for r in results))}
+    results = _run_in_sandbox(jobs, limits, "toolformer", stats)
 
     system = chat.system_message([chat.python_tool_schema(tool_name)])
     out, r_iter = [], iter(results)
@@ -587,6 +596,48 @@ def convert_alpaca(rows: list[dict], idx: list[int], params: dict, stats: dict) 
 
 
 # ----------------------------------------------------------------------------------------------------------
+# string_tools: generated string-manipulation tasks solved through the python tool, answered in \\boxed{}.
+
+_R_STRING_ANSWER = (
+    "The tool printed the result.",
+    "The code ran, so I can give the answer.",
+    "I have the output from the Python tool.",
+)
+
+
+def convert_string_tools(section: dict, params: dict, stats: dict) -> list[dict]:
+    """Tool-use conversations from :mod:`rstar2.data.string_tools`, ``section["n"]`` of them.
+
+    Unlike the other sources these use the RL prompt itself (``chat.user_message``, the python tool offered)
+    and end in ``<answer>\\boxed{output}</answer>``, so the cold start teaches the exact format RL rewards,
+    without any math. The code runs in the sandbox; a task whose output differs from the expected one is
+    dropped (``unexpected_output``).
+    """
+    from ..data import string_tools
+
+    seed, tool_name = params.get("seed", 0), params.get("tool_name", chat.DEFAULT_TOOL_NAME)
+    max_chars = int(params.get("max_tool_chars", 256))
+    tasks = string_tools.generate(int(section.get("n", 0)), seed)
+    stats["rows_available"] = stats["rows_in"] = len(tasks)
+    limits = sandbox.SandboxLimits(timeout_s=float(params.get("tool_timeout_s", 5.0)))
+    results = _run_in_sandbox([(t["code"], t["stdin"]) for t in tasks], limits, "string_tools", stats)
+    system = chat.system_message([chat.python_tool_schema(tool_name)])
+    out = []
+    for t, r in zip(tasks, results, strict=True):
+        if r.status != "ok" or r.stdout.rstrip("\n") != t["expected"]:
+            stats["dropped"]["unexpected_output"] += 1
+            continue
+        rng = _rng(seed, t["id"])
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": chat.user_message(t["question"])},
+                    _assistant(rng.choice(_R_CALL_PY), chat.tool_call_text(t["code"], t["stdin"], tool_name)),
+                    {"role": "tool", "content": sandbox.render_result(r, max_chars)},
+                    _answer(rng.choice(_R_STRING_ANSWER), f"\\boxed{{{t['expected']}}}")]
+        out.append({"id": t["id"], "source": "string_tools", "messages": messages})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
 
 def _check_row(row: dict) -> None:
     for m in row["messages"]:
@@ -608,16 +659,22 @@ def run(params: dict, out_dir: str) -> None:
     rows_all: list[dict] = []
     stats: dict = {"seed": seed, "sources": {}}
     inputs: list[str] = []
-    for name in ("glaive", "toolformer", "alpaca"):
+    for name in ("glaive", "toolformer", "alpaca", "string_tools"):
         section = params.get(name)
-        data, path, skip = _load(section)
+        if name == "string_tools":  # generated, no file
+            data, path, skip = (None, None, "no section") if not (section or {}).get("n") else ([], None, None)
+        else:
+            data, path, skip = _load(section)
         if data is None:
             stats["sources"][name] = {"path": path, "skipped": skip, "rows_in": 0, "rows_out": 0, "dropped": {}}
             continue
-        inputs.append(str(path))
+        if path:
+            inputs.append(str(path))
         idx = _select(len(data), section.get("limit"), seed, name)
         st = _new_stats(path, len(data), len(idx))
-        if name == "glaive":
+        if name == "string_tools":
+            rows = convert_string_tools(section, params, st)
+        elif name == "glaive":
             rows = convert_glaive(data, idx, seed, st)
         elif name == "toolformer":
             st["parse_fallback"] = st["import_repaired"] = 0

@@ -74,7 +74,7 @@ def rl_data_files():
 
 
 def sft_data_files():
-    return _local([s["path"] for s in config["sft_data"].values() if s and s.get("limit", 1) != 0])
+    return _local([s.get("path") for s in config["sft_data"].values() if s and s.get("limit", 1) != 0])
 
 
 def benchmark_files():
