@@ -409,7 +409,7 @@ def make_trainer_class():
             if (a.num_iterations, a.steps_per_generation, a.gradient_accumulation_steps) != (1, 1, 1):
                 raise ValueError("RoCGRPOTrainer needs num_iterations = steps_per_generation = "
                                  "gradient_accumulation_steps = 1")
-            if a.per_device_train_batch_size % rollout_fn.G:
+            if rollout_fn is not None and a.per_device_train_batch_size % rollout_fn.G:
                 raise ValueError(f"per_device_train_batch_size {a.per_device_train_batch_size} is not a multiple "
                                  f"of the group size {rollout_fn.G}: groups would be split across processes")
             if self.use_vllm:
@@ -419,7 +419,8 @@ def make_trainer_class():
                 if a.vllm_mode == "colocate" and a.vllm_tensor_parallel_size != 1:
                     raise ValueError("RoCGRPOTrainer with colocated vLLM needs vllm_tensor_parallel_size=1")
             self.rollout_fn = rollout_fn
-            rollout_fn.set_process(self.accelerator.process_index, self.accelerator.num_processes)
+            if rollout_fn is not None:  # None: only the loss path is used (tests)
+                rollout_fn.set_process(self.accelerator.process_index, self.accelerator.num_processes)
             self._skip_update = False
 
         def _rollout_engines(self):
