@@ -22,6 +22,34 @@ def rollout_config(p: dict) -> RolloutConfig:
                          tool_memory_mb=tool.get("memory_mb", RolloutConfig.tool_memory_mb))
 
 
+def grpo_config(params: dict, output_dir: str, seed: int, num_processes: int = 1):
+    """TRL ``GRPOConfig`` of an RL stage (paper §4.3, §5.1; spec §5.5): AdamW (Trainer default), constant LR
+    after ``warmup_steps`` linear warm-up steps, clip [1 - clip_low, 1 + clip_high], no KL, no entropy bonus,
+    token-level (dapo) loss, one update per step, weight decay 0.01 and gradient clipping 1.0 (released code).
+
+    Each of ``num_processes`` processes gets ``prompts_per_step / num_processes`` whole groups of G rows.
+    Device, precision and vLLM come from ``params["trainer"]`` (rstar2.distributed).
+    """
+    from trl import GRPOConfig
+
+    from .. import distributed
+
+    G, every, dist = params["group_size"], params.get("checkpoint_every", 1), params.get("trainer")
+    return GRPOConfig(
+        output_dir=output_dir, seed=seed, **distributed.trainer_kwargs(dist),
+        **distributed.vllm_kwargs(params["rollout"], dist),
+        # TRL's sampler gives each process a contiguous slice of this many rows: whole groups, P / N of them
+        per_device_train_batch_size=params["prompts_per_step"] // num_processes * G, gradient_accumulation_steps=1,
+        num_generations=G, max_steps=params["steps"], learning_rate=params["learning_rate"],
+        lr_scheduler_type="constant_with_warmup", warmup_steps=params.get("warmup_steps", 0),
+        beta=0.0, entropy_coef=0.0, epsilon=params["clip_low"], epsilon_high=params["clip_high"],
+        loss_type="dapo", num_iterations=1, max_completion_length=params["rollout"]["max_response_tokens"],
+        logging_steps=1, save_strategy="steps" if every > 0 else "no", save_steps=max(every, 1),
+        save_total_limit=2, save_only_model=False, report_to=[], disable_tqdm=False,
+        remove_unused_columns=False, weight_decay=0.01, max_grad_norm=1.0,
+    )
+
+
 def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     """Train one RL stage with TRL's GRPOTrainer and our rollout layer, resuming from its last checkpoint.
 
@@ -39,7 +67,6 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
         ValueError: the training set is empty (e.g. hard-problem mining kept nothing).
     """
     from datasets import Dataset
-    from trl import GRPOConfig
 
     from .. import distributed, models
     from ..rl import checkpoints
@@ -74,22 +101,10 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     answers = {r["problem"]: {"id": r["id"], "answer": r["answer"]} for r in rows}
     dataset = Dataset.from_list([{"prompt": q} for q in answers])
 
+    # Trainer arguments before the model: under accelerate's DeepSpeed ZeRO-3 they make from_pretrained load
+    # the weights already sharded, instead of one full copy per process.
+    args = grpo_config(params, str(ckpt_root), seed, ps.num_processes)
     model, tok = models.load(model_dir)
-    every = params.get("checkpoint_every", 1)
-    dist = params.get("trainer")
-    args = GRPOConfig(
-        output_dir=str(ckpt_root), seed=seed, **distributed.trainer_kwargs(dist),
-        **distributed.vllm_kwargs(params["rollout"], dist),
-        # TRL's sampler gives each process a contiguous slice of this many rows: whole groups, P / N of them
-        per_device_train_batch_size=P // ps.num_processes * G, gradient_accumulation_steps=1,
-        num_generations=G, max_steps=params["steps"], learning_rate=params["learning_rate"],
-        lr_scheduler_type="constant_with_warmup", warmup_steps=params.get("warmup_steps", 0),
-        beta=0.0, entropy_coef=0.0, epsilon=params["clip_low"], epsilon_high=params["clip_high"],
-        loss_type="dapo", num_iterations=1, max_completion_length=params["rollout"]["max_response_tokens"],
-        logging_steps=1, save_strategy="steps" if every > 0 else "no", save_steps=max(every, 1),
-        save_total_limit=2, save_only_model=False, report_to=[], disable_tqdm=False,
-        remove_unused_columns=False, weight_decay=0.01, max_grad_norm=1.0,
-    )
     penalty = PenaltyConfig(params.get("error_penalty", "status"), params.get("format_penalty", "paper"),
                             params.get("penalty_eps", 1e-3))
     rollout_fn = RolloutFunc(answers, rollout_config(params), G, params.get("oversample", 2), params["mode"],
