@@ -186,3 +186,52 @@ def test_sft_cli_two_processes(setup, tmp_path):
     assert m["counts"]["examples"] == 8 and m["counts"]["optimizer_steps"] == 2
     assert [r["step"] for r in _rows(out / "metrics.jsonl")] == [1, 2]
     assert not _same(_weights(out / "model"), _weights(root / "model")), "SFT changed nothing"
+
+
+def test_vllm_weights_are_synced_before_each_steps_rollouts(qwen_tokenizer):
+    """With use_vllm, _prepare_inputs pushes the policy to vLLM (TRL's sync_weights, once per global step)
+    before the rollouts, and the rollouts get engines on TRL's vLLM (server mode here: OpenAIEngine on the
+    trl vllm-serve address; colocate mode needs vLLM itself and is covered by scripts/gpu_vllm_smoke.py)."""
+    import types
+
+    import torch
+
+    from rstar2.rl import trainer as rl_trainer
+    from rstar2.rollout.engines import OpenAIEngine
+
+    events = []
+
+    class FakeVLLM:
+        def sync_weights(self):
+            events.append(("sync", fake.state.global_step))
+
+    class FakeRollouts:
+        G, last_results = 2, []
+        rcfg = types.SimpleNamespace(temperature=1.0, top_p=1.0, batch_size=4)
+
+        def __call__(self, prompts, trainer, engines=None):
+            events.append(("rollout", trainer.state.global_step, engines))
+            return [], []
+
+    acc = types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True, device=torch.device("cpu"),
+                                wait_for_everyone=lambda: None, unwrap_model=lambda m: m)
+    fake = types.SimpleNamespace(
+        use_vllm=True, vllm_generation=FakeVLLM(), _last_loaded_step=-1, state=types.SimpleNamespace(global_step=0),
+        args=types.SimpleNamespace(vllm_mode="server", vllm_enable_sleep_mode=False,
+                                   vllm_server_base_url="http://127.0.0.1:9", vllm_server_host="127.0.0.1",
+                                   vllm_server_port=9),
+        model=types.SimpleNamespace(training=True, config=types.SimpleNamespace(_name_or_path="policy")),
+        processing_class=qwen_tokenizer, accelerator=acc, rollout_fn=FakeRollouts())
+    cls = rl_trainer.make_trainer_class()
+    for name in ("_rollout_engines", "_after_rollouts"):
+        setattr(fake, name, types.MethodType(getattr(cls, name), fake))
+    batch = [{"prompt": "q"}, {"prompt": "q"}]
+    assert cls._prepare_inputs(fake, batch) == {"skip": True}    # no group kept: no update
+    assert cls._prepare_inputs(fake, batch) == {"skip": True}    # same global step: no second sync
+    fake.state.global_step = 1
+    cls._prepare_inputs(fake, batch)
+    kinds = [e[:2] for e in events]
+    assert kinds == [("sync", 0), ("rollout", 0), ("rollout", 0), ("sync", 1), ("rollout", 1)]
+    engines = events[1][2]
+    assert len(engines) == 1 and isinstance(engines[0], OpenAIEngine)
+    assert engines[0].base_url == "http://127.0.0.1:9" and engines[0].model == "policy"

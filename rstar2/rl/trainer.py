@@ -429,9 +429,14 @@ def make_trainer_class():
                 return None
             from ..rollout import engines_for_trainer
 
-            if self.state.global_step != self._last_loaded_step:
-                self.vllm_generation.sync_weights()
+            vg = self.vllm_generation
+            if self.state.global_step != self._last_loaded_step or getattr(vg, "_llm_weights_sleeping", False):
+                t0 = time.time()
+                vg.sync_weights()
                 self._last_loaded_step = self.state.global_step
+                if self.accelerator.is_main_process:
+                    print(f"[rl] vLLM weights synced at step {self.state.global_step} ({time.time() - t0:.1f}s)",
+                          flush=True)
             if self.args.vllm_mode == "colocate" and self.args.vllm_enable_sleep_mode:
                 self.vllm_generation.llm.wake_up(tags=["kv_cache"])
             # server mode: only the main process pushes weights; nobody may generate before it has finished
@@ -441,7 +446,8 @@ def make_trainer_class():
 
         def _after_rollouts(self):
             if self.use_vllm and self.args.vllm_mode == "colocate" and self.args.vllm_enable_sleep_mode:
-                self.vllm_generation.llm.sleep(level=2)
+                self.vllm_generation.llm.sleep(level=2)   # level 2 drops the weights: the next step re-syncs
+                self.vllm_generation._llm_weights_sleeping = True
 
         def _prepare_inputs(self, generation_batch):
             if not self.model.training:
