@@ -71,7 +71,7 @@ def launch(family):
 
 
 def job_resources(family):
-    """Snakemake resources of a rule family (distributed.resources: `default` merged with the family's)."""
+    """Snakemake resources of one family of rules: distributed.resources `default` merged with the family's."""
     res = config["distributed"]["resources"]
     return {**res["default"], **res.get(family, {})}
 
