@@ -384,8 +384,10 @@ def make_trainer_class():
     class RoCGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose training batch comes from ``RolloutFunc`` (see the module docstring).
 
-        Extra args: rollout_fn (RolloutFunc). Requires num_iterations=1, steps_per_generation=1 and
-        gradient_accumulation_steps=1 (checked): one generation, one optimizer update per step.
+        Extra args: rollout_fn, a ``RolloutFunc`` or anything with its interface: ``G``, ``rcfg``,
+        ``last_results``, ``set_process(index, count)``, ``state_dict()`` and ``__call__(prompts, trainer, engines)``
+        returning (kept trajectories, advantages); None only for loss-path tests. Requires num_iterations=1,
+        steps_per_generation=1 and gradient_accumulation_steps=1 (checked): one generation, one update per step.
 
         Several processes (accelerate launch; DDP, DeepSpeed ZeRO-3 or FSDP): TRL's sampler hands each process a
         contiguous slice of ``per_device_train_batch_size`` rows; with that a multiple of G, every process gets
@@ -442,7 +444,8 @@ def make_trainer_class():
             # server mode: only the main process pushes weights; nobody may generate before it has finished
             self.accelerator.wait_for_everyone()
             rc = self.rollout_fn.rcfg
-            return engines_for_trainer(self, self.processing_class, rc.temperature, rc.top_p, rc.batch_size)
+            return engines_for_trainer(self, self.processing_class, rc.temperature, rc.top_p, rc.batch_size,
+                                       server_model=getattr(rc, "server_model", None))
 
         def _after_rollouts(self):
             if self.use_vllm and self.args.vllm_mode == "colocate" and self.args.vllm_enable_sleep_mode:
