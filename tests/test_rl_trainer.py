@@ -202,11 +202,15 @@ def test_build_batch_rejects_a_shifted_mask():
 
 class _ScriptedRollouts:
     """Step 1: every group removed (no data); step 2: one kept pair with advantages +-1."""
+    G = 2
 
     def __init__(self):
-        self.step, self.pending = 0, None
+        self.step, self.pending, self.last_results = 0, None, []
 
-    def __call__(self, prompts, trainer):
+    def set_process(self, index, count):
+        assert (index, count) == (0, 1)
+
+    def __call__(self, prompts, trainer, engines=None):
         self.step += 1
         if self.step == 1:
             self.pending = {"kept_total": 0, "reward_mean": 0.0, "groups": 1, "groups_dropped": 1,

@@ -135,22 +135,58 @@ def select(groups: list[list[rollout_lib.Trajectory]], penalties: list[list[tupl
     return out
 
 
-def step_metrics(results: list[GroupResult]) -> dict:
+@dataclass
+class TrajStats:
+    """What ``step_metrics`` needs of one trajectory: small enough to gather from every process each step.
+
+    response_tokens: len(response_ids); loss_tokens: sum(response_mask); tool_statuses: each call's status."""
+    reward: float
+    response_tokens: int
+    loss_tokens: int
+    tool_statuses: list[str]
+    truncated: bool
+
+    @classmethod
+    def of(cls, t) -> "TrajStats":
+        return cls(t.reward, len(t.response_ids), sum(t.response_mask), [c["status"] for c in t.tool_calls],
+                   bool(t.truncated))
+
+
+@dataclass
+class GroupStats:
+    """A GroupResult reduced to TrajStats (``trajs``), with the same penalties and kept indices."""
+    trajs: list
+    penalties: list[tuple[float, float]]
+    kept: list[int]
+    dropped: bool
+
+    @classmethod
+    def of(cls, r: GroupResult) -> "GroupStats":
+        return cls([TrajStats.of(t) for t in r.trajs], list(r.penalties), list(r.kept), r.dropped)
+
+
+def _ratio_not_ok(statuses: list[str]) -> float | None:
+    return sum(s != roc.OK_STATUS for s in statuses) / len(statuses) if statuses else None
+
+
+def step_metrics(results: list) -> dict:
     """Per-step rollout metrics (metrics.jsonl / TensorBoard) over all drawn rollouts and the kept subset.
 
+    ``results``: GroupResult or GroupStats (the latter gathered from every process in a multi-process run).
     Keys kept stable for the report: reward_mean, accuracy, response_length_mean, response_length_max,
     tool_calls_per_traj, tool_error_ratio, tool_error_ratio_pos, format_penalty_mean, truncation_ratio,
     all_correct_frac, all_wrong_frac, kept_pos, kept_neg. Added: tool_error_ratio_pos_kept, groups,
     groups_all_correct, groups_all_wrong, groups_dropped, kept_total, tool_error_penalty_mean,
     penalty_pos_mean, penalty_pos_kept_mean, loss_tokens. Ratios with an empty denominator are None.
     """
+    results = [r if isinstance(r, GroupStats) else GroupStats.of(r) for r in results]
     flat = [t for r in results for t in r.trajs]
     pens = [p for r in results for p in r.penalties]
     kept = [r.trajs[i] for r in results for i in r.kept]
     pos_pen = [a + b for r in results for t, (a, b) in zip(r.trajs, r.penalties) if t.reward > 0]
     pos_kept_pen = [sum(r.penalties[i]) for r in results for i in r.kept if r.trajs[i].reward > 0]
-    calls = [c for t in flat for c in t.tool_calls]
-    lengths = [len(t.response_ids) for t in flat]
+    statuses = [s for t in flat for s in t.tool_statuses]
+    lengths = [t.response_tokens for t in flat]
     n_groups = len(results)
     all_correct = sum(all(t.reward > 0 for t in r.trajs) for r in results)
     all_wrong = sum(all(t.reward <= 0 for t in r.trajs) for r in results)
@@ -159,10 +195,10 @@ def step_metrics(results: list[GroupResult]) -> dict:
         "accuracy": _mean(float(t.reward > 0) for t in flat),
         "response_length_mean": _mean(lengths),
         "response_length_max": max(lengths, default=0),
-        "tool_calls_per_traj": len(calls) / len(flat) if flat else None,
-        "tool_error_ratio": error_ratio(calls),
-        "tool_error_ratio_pos": error_ratio([c for t in flat if t.reward > 0 for c in t.tool_calls]),
-        "tool_error_ratio_pos_kept": error_ratio([c for t in kept if t.reward > 0 for c in t.tool_calls]),
+        "tool_calls_per_traj": len(statuses) / len(flat) if flat else None,
+        "tool_error_ratio": _ratio_not_ok(statuses),
+        "tool_error_ratio_pos": _ratio_not_ok([s for t in flat if t.reward > 0 for s in t.tool_statuses]),
+        "tool_error_ratio_pos_kept": _ratio_not_ok([s for t in kept if t.reward > 0 for s in t.tool_statuses]),
         "tool_error_penalty_mean": _mean(p[0] for p in pens),
         "format_penalty_mean": _mean(p[1] for p in pens),
         "penalty_pos_mean": _mean(pos_pen),
@@ -177,7 +213,7 @@ def step_metrics(results: list[GroupResult]) -> dict:
         "kept_pos": sum(t.reward > 0 for t in kept),
         "kept_neg": sum(t.reward <= 0 for t in kept),
         "kept_total": len(kept),
-        "loss_tokens": sum(sum(t.response_mask) for t in kept),
+        "loss_tokens": sum(t.loss_tokens for t in kept),
     }
 
 
@@ -250,8 +286,11 @@ class RolloutFunc:
         self.penalty = penalty or PenaltyConfig()
         self.rng = random.Random(seed)
         self.out_dir = out_dir
+        self.seed = seed
         self.pending: dict | None = None
+        self.last_results: list[GroupResult] = []
         self.step = 0
+        self.process_index, self.num_processes = 0, 1
 
     def state_dict(self) -> dict:
         """JSON-serialisable state restored on resume: the step counter and the selection RNG."""
@@ -259,44 +298,77 @@ class RolloutFunc:
         return {"step": self.step, "rng": [version, list(internal), gauss]}
 
     def load_state_dict(self, state: dict) -> None:
-        version, internal, gauss = state["rng"]
+        """Restore ``state_dict()``; in a multi-process run each process takes its own RNG (``rng_per_process``,
+        written by RoCGRPOTrainer) when the checkpoint has one for it. Call after ``set_process``."""
+        per = state.get("rng_per_process") or []
+        version, internal, gauss = per[self.process_index] if self.process_index < len(per) else state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.step = state["step"]
 
-    def __call__(self, prompts: list, trainer) -> tuple[list, list[float]]:
+    def set_process(self, index: int, count: int) -> None:
+        """Tell the function which of ``count`` training processes it runs in: each process draws its own
+        selection RNG stream (seed + index), so processes do not make the same RoC choices."""
+        if (index, count) == (self.process_index, self.num_processes):
+            return  # already set (rl.run sets it before restoring a checkpoint's RNG; the trainer again)
+        self.process_index, self.num_processes = index, count
+        self.rng = random.Random(self.seed + index)
+
+    def __call__(self, prompts: list, trainer, engines: list | None = None) -> tuple[list, list[float]]:
         """Roll out ``n_draw`` trajectories per distinct prompt (TRL repeats each prompt G times in a row).
 
+        In a multi-process run each process receives whole groups (``prompts`` holds G copies of each of its
+        prompts) and rolls out, selects and trains on only those; the step's metrics and rollout records are
+        gathered from every process, and only the main process writes them.
+        engines: inference engines for ``run_rollouts`` (vLLM through TRL); None = its defaults (transformers).
         Returns:
-            (kept trajectories, their advantages), possibly both empty when every group was removed.
+            (kept trajectories, their advantages), possibly both empty when every group here was removed.
+        Raises:
+            ValueError: ``prompts`` is not a whole number of groups of G identical prompts.
         """
         t0 = time.time()
         self.step += 1
         model = trainer.accelerator.unwrap_model(trainer.model)
         tok = trainer.processing_class
+        if len(prompts) % self.G or any(prompts[i] != prompts[i - i % self.G] for i in range(len(prompts))):
+            raise ValueError(f"RolloutFunc got {len(prompts)} prompts that are not whole groups of {self.G} "
+                             "identical prompts: the per-process batch must be a multiple of rl.group_size")
         uniq = [prompts[i] for i in range(0, len(prompts), self.G)]
         problems = []
         for q in uniq:
             meta = self.answers[q]
             problems += [{"id": meta["id"], "problem": q, "answer": meta["answer"]}] * self.n_draw
+        kw = {"engines": engines} if engines is not None else {}
         trajs = rollout_lib.run_rollouts(model, tok, problems, self.rcfg,
-                                         progress=rollout_lib.Progress(f"rollout step {self.step}"))
+                                         progress=rollout_lib.Progress(f"rollout step {self.step}"), **kw)
         model.train()
         groups = [trajs[i:i + self.n_draw] for i in range(0, len(trajs), self.n_draw)]
         penalties = [[trajectory_penalties(t, tok, self.penalty) for t in g] for g in groups]
         results = select(groups, penalties, self.G, self.mode, self.positive_selection, self.penalty.eps, self.rng)
-        self._record(results)
-        self.pending = {**step_metrics(results), "rollout_time_s": round(time.time() - t0, 2)}
+        self.last_results = results
+        stats = [GroupStats.of(r) for r in results]
+        records = self._records(results)
+        if self.num_processes > 1:  # every process's groups, in process order
+            from accelerate.utils import gather_object
+
+            stats, records = gather_object(stats), gather_object(records)
+        if self.process_index == 0:
+            path = os.path.join(self.out_dir, "rollouts.jsonl")
+            for gi, rows in enumerate(records):
+                for row in rows:
+                    append_jsonl(path, {"step": self.step, "group": gi, **row})
+        self.pending = {**step_metrics(stats), "rollout_time_s": round(time.time() - t0, 2)}
         kept = [(r.trajs[i], a) for r in results for i, a in zip(r.kept, r.advantages)]
         return [t for t, _ in kept], [a for _, a in kept]
 
-    def _record(self, results: list[GroupResult]) -> None:
-        path = os.path.join(self.out_dir, "rollouts.jsonl")
-        for gi, r in enumerate(results):
+    @staticmethod
+    def _records(results: list[GroupResult]) -> list[list[dict]]:
+        out = []
+        for r in results:
             adv = dict(zip(r.kept, r.advantages))
-            for i, (t, (p_err, p_fmt)) in enumerate(zip(r.trajs, r.penalties)):
-                append_jsonl(path, {"step": self.step, "group": gi, "kept": i in adv, "group_dropped": r.dropped,
-                                    "advantage": adv.get(i), "p_err": p_err, "p_format": p_fmt,
-                                    "penalty": p_err + p_fmt, **t.record()})
+            out.append([{"kept": i in adv, "group_dropped": r.dropped, "advantage": adv.get(i), "p_err": p_err,
+                         "p_format": p_fmt, "penalty": p_err + p_fmt, **t.record()}
+                        for i, (t, (p_err, p_fmt)) in enumerate(zip(r.trajs, r.penalties))])
+        return out
 
 
 def rollout_reward(completions, **kwargs):
@@ -312,32 +384,103 @@ def make_trainer_class():
     class RoCGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose training batch comes from ``RolloutFunc`` (see the module docstring).
 
-        Extra args: rollout_fn (RolloutFunc). Requires num_iterations=1, steps_per_generation=1,
-        gradient_accumulation_steps=1 and no vLLM (checked)."""
+        Extra args: rollout_fn, a ``RolloutFunc`` or anything with its interface: ``G``, ``rcfg``,
+        ``last_results``, ``set_process(index, count)``, ``state_dict()`` and ``__call__(prompts, trainer, engines)``
+        returning (kept trajectories, advantages); None only for loss-path tests. Requires num_iterations=1,
+        steps_per_generation=1 and gradient_accumulation_steps=1 (checked): one generation, one update per step.
+
+        Several processes (accelerate launch; DDP, DeepSpeed ZeRO-3 or FSDP): TRL's sampler hands each process a
+        contiguous slice of ``per_device_train_batch_size`` rows; with that a multiple of G, every process gets
+        whole groups, rolls them out and selects on its own, and ``num_items_in_batch`` (the dapo loss
+        denominator) is summed over processes. The update is skipped only when no process kept anything. Every
+        process trains on the same number of rows, padded with zero-weight trajectories (tool_mask 0), because
+        every process must take part in the gradient (and, under ZeRO-3/FSDP, parameter) collectives and TRL
+        gathers per-row metrics; a process that kept nothing while others did trains on padding only.
+
+        vLLM (``use_vllm``): before each step's rollouts the policy weights are pushed to vLLM exactly as TRL's
+        own generation path does (``vllm_generation.sync_weights()`` once per global step; trl 1.16
+        ``GRPOTrainer._generate``), then ``engines_for_trainer`` drives TRL's colocated ``vllm.LLM`` or its
+        ``trl vllm-serve`` server. Colocate mode needs vllm_tensor_parallel_size 1 (each process generates its
+        own groups; a TP group would have to submit identical requests) and importance-sampling correction
+        off (our engines return no sampling log-probabilities).
+        """
 
         def __init__(self, *args, rollout_fn: RolloutFunc, **kwargs):
             super().__init__(*args, **kwargs)
             a = self.args
-            if (a.num_iterations, a.steps_per_generation, a.gradient_accumulation_steps) != (1, 1, 1) \
-                    or self.use_vllm:
+            if (a.num_iterations, a.steps_per_generation, a.gradient_accumulation_steps) != (1, 1, 1):
                 raise ValueError("RoCGRPOTrainer needs num_iterations = steps_per_generation = "
-                                 "gradient_accumulation_steps = 1 and use_vllm = False")
+                                 "gradient_accumulation_steps = 1")
+            if rollout_fn is not None and a.per_device_train_batch_size % rollout_fn.G:
+                raise ValueError(f"per_device_train_batch_size {a.per_device_train_batch_size} is not a multiple "
+                                 f"of the group size {rollout_fn.G}: groups would be split across processes")
+            if self.use_vllm:
+                if a.vllm_importance_sampling_correction:
+                    raise ValueError("RoCGRPOTrainer with vLLM needs vllm_importance_sampling_correction=False: "
+                                     "the rollout engines return no sampling log-probabilities")
+                if a.vllm_mode == "colocate" and a.vllm_tensor_parallel_size != 1:
+                    raise ValueError("RoCGRPOTrainer with colocated vLLM needs vllm_tensor_parallel_size=1")
             self.rollout_fn = rollout_fn
+            if rollout_fn is not None:  # None: only the loss path is used (tests)
+                rollout_fn.set_process(self.accelerator.process_index, self.accelerator.num_processes)
             self._skip_update = False
+
+        def _rollout_engines(self):
+            """Sync the policy into vLLM once per global step (TRL's rule), then return engines on it."""
+            if not self.use_vllm:
+                return None
+            from ..rollout import engines_for_trainer
+
+            vg = self.vllm_generation
+            if self.state.global_step != self._last_loaded_step or getattr(vg, "_llm_weights_sleeping", False):
+                t0 = time.time()
+                vg.sync_weights()
+                self._last_loaded_step = self.state.global_step
+                if self.accelerator.is_main_process:
+                    print(f"[rl] vLLM weights synced at step {self.state.global_step} ({time.time() - t0:.1f}s)",
+                          flush=True)
+            if self.args.vllm_mode == "colocate" and self.args.vllm_enable_sleep_mode:
+                self.vllm_generation.llm.wake_up(tags=["kv_cache"])
+            # server mode: only the main process pushes weights; nobody may generate before it has finished
+            self.accelerator.wait_for_everyone()
+            rc = self.rollout_fn.rcfg
+            return engines_for_trainer(self, self.processing_class, rc.temperature, rc.top_p, rc.batch_size,
+                                       server_model=getattr(rc, "server_model", None))
+
+        def _after_rollouts(self):
+            if self.use_vllm and self.args.vllm_mode == "colocate" and self.args.vllm_enable_sleep_mode:
+                self.vllm_generation.llm.sleep(level=2)   # level 2 drops the weights: the next step re-syncs
+                self.vllm_generation._llm_weights_sleeping = True
 
         def _prepare_inputs(self, generation_batch):
             if not self.model.training:
                 raise NotImplementedError("RoCGRPOTrainer has no evaluation loop; use rstar2.stages.evaluate")
-            trajs, advantages = self.rollout_fn([x["prompt"] for x in generation_batch], self)
-            if not trajs:
+            engines = self._rollout_engines()
+            try:
+                trajs, advantages = self.rollout_fn([x["prompt"] for x in generation_batch], self, engines)
+            finally:
+                self._after_rollouts()
+            device, pad = self.accelerator.device, self.processing_class.pad_token_id
+            rows = torch.tensor([len(trajs)], device=device)
+            if self.accelerator.num_processes > 1:
+                rows = self.accelerator.gather(rows)
+            if int(rows.sum()) == 0:
                 return {"skip": True}
-            batch = build_batch(trajs, advantages, self.processing_class.pad_token_id, self.accelerator.device)
-            batch["num_items_in_batch"] = self.accelerator.gather(batch["num_items_in_batch"]).sum()
+            # TRL gathers per-row metrics across processes, which needs the same row count everywhere: pad with
+            # drawn trajectories that weigh nothing (tool_mask 0: no loss tokens, NaN in TRL's nan-aware metrics)
+            drawn = [t for r in self.rollout_fn.last_results for t in r.trajs]
+            n_pad = int(rows.max()) - len(trajs)
+            batch = build_batch(trajs + [drawn[i % len(drawn)] for i in range(n_pad)],
+                                advantages + [0.0] * n_pad, pad, device)
+            if n_pad:
+                batch["tool_mask"][len(trajs):] = 0
+                batch["num_items_in_batch"] = (batch["completion_mask"] * batch["tool_mask"]).sum()
+            batch["num_items_in_batch"] = self.accelerator.gather(batch["num_items_in_batch"].reshape(1)).sum()
             return batch
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             self._skip_update = bool(inputs.get("skip"))
-            if self._skip_update:  # no group survived: no forward pass; backward of a constant is a no-op
+            if self._skip_update:  # no group survived anywhere: no forward pass; backward of a constant is a no-op
                 return torch.zeros((), device=self.accelerator.device, requires_grad=True)
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
@@ -356,8 +499,15 @@ def make_trainer_class():
 
         def _save_checkpoint(self, model, trial):
             super()._save_checkpoint(model, trial)
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            write_json(os.path.join(folder, STATE_FILE), self.rollout_fn.state_dict())
+            state = self.rollout_fn.state_dict()
+            if self.accelerator.num_processes > 1:  # each process's selection RNG, restored to the same process
+                from accelerate.utils import gather_object
+
+                state["rng_per_process"] = [s["rng"] for s in gather_object([state])]
+            if self.accelerator.is_main_process:
+                folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+                write_json(os.path.join(folder, STATE_FILE), state)
+            self.accelerator.wait_for_everyone()
 
     return RoCGRPOTrainer
 
@@ -378,6 +528,9 @@ def make_metrics_callback(rollout_fn: RolloutFunc, path: str, tensorboard_dir: s
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "loss" not in logs or rollout_fn.pending is None:
+                return
+            if not state.is_world_process_zero:  # every process holds the same gathered metrics
+                rollout_fn.pending = None
                 return
             skipped = rollout_fn.pending.get("kept_total", 1) == 0
             row = {"step": state.global_step, **rollout_fn.pending,

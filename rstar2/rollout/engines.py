@@ -270,13 +270,15 @@ class OpenAIEngine:
 
 
 def engines_for_trainer(trainer, tok, temperature: float, top_p: float, max_batch: int = 16,
-                        num_engines: int = 1) -> list:
-    """The engines a ``rollout_func`` should use inside TRL's GRPOTrainer, weights kept in sync by TRL.
+                        num_engines: int = 1, server_model: str | None = None) -> list:
+    """The engines rollouts should use inside TRL's GRPOTrainer, on the vLLM whose weights TRL keeps in sync.
 
-    TRL calls ``vllm_generation.sync_weights()`` before every ``rollout_func`` call when ``use_vllm`` is
-    set (trl 1.16 ``GRPOTrainer._generate``), so: colocate mode -> ``VLLMEngine`` on TRL's own
-    ``vllm.LLM``; server mode (``trl vllm-serve``) -> ``OpenAIEngine`` on the same server; no vLLM ->
-    ``HFEngine`` replicas on the live (unwrapped) policy, which need no sync at all.
+    The caller syncs first: TRL's own ``rollout_func`` path calls ``vllm_generation.sync_weights()`` before
+    each call (trl 1.16 ``GRPOTrainer._generate``), ``RoCGRPOTrainer`` does the same before its rollouts. Then:
+    colocate mode -> ``VLLMEngine`` on TRL's own ``vllm.LLM``; server mode (``trl vllm-serve``) ->
+    ``OpenAIEngine`` on the same server, asking for ``server_model`` (None = the policy's folder name, which is
+    what ``trl vllm-serve --model FOLDER`` serves); no vLLM -> ``HFEngine`` replicas on the live (unwrapped)
+    policy, which need no sync at all.
     """
     stop = [tok.eos_token_id]
     if getattr(trainer, "use_vllm", False):
@@ -284,6 +286,6 @@ def engines_for_trainer(trainer, tok, temperature: float, top_p: float, max_batc
         if args.vllm_mode == "colocate":
             return [VLLMEngine(trainer.vllm_generation.llm, stop, temperature, top_p)]
         base = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
-        return [OpenAIEngine(base, trainer.model.config._name_or_path, stop, temperature, top_p)]
+        return [OpenAIEngine(base, server_model or trainer.model.config._name_or_path, stop, temperature, top_p)]
     model = trainer.accelerator.unwrap_model(trainer.model)
     return [HFEngine(model, tok, temperature, top_p, max_batch=max_batch) for _ in range(num_engines)]

@@ -22,6 +22,34 @@ def rollout_config(p: dict) -> RolloutConfig:
                          tool_memory_mb=tool.get("memory_mb", RolloutConfig.tool_memory_mb))
 
 
+def grpo_config(params: dict, output_dir: str, seed: int, num_processes: int = 1):
+    """TRL ``GRPOConfig`` of an RL stage (paper §4.3, §5.1; spec §5.5): AdamW (Trainer default), constant LR
+    after ``warmup_steps`` linear warm-up steps, clip [1 - clip_low, 1 + clip_high], no KL, no entropy bonus,
+    token-level (dapo) loss, one update per step, weight decay 0.01 and gradient clipping 1.0 (released code).
+
+    Each of ``num_processes`` processes gets ``prompts_per_step / num_processes`` whole groups of G rows.
+    Device, precision and vLLM come from ``params["trainer"]`` (rstar2.distributed).
+    """
+    from trl import GRPOConfig
+
+    from .. import distributed
+
+    G, every, dist = params["group_size"], params.get("checkpoint_every", 1), params.get("trainer")
+    return GRPOConfig(
+        output_dir=output_dir, seed=seed, **distributed.trainer_kwargs(dist),
+        **distributed.vllm_kwargs(params["rollout"], dist),
+        # TRL's sampler gives each process a contiguous slice of this many rows: whole groups, P / N of them
+        per_device_train_batch_size=params["prompts_per_step"] // num_processes * G, gradient_accumulation_steps=1,
+        num_generations=G, max_steps=params["steps"], learning_rate=params["learning_rate"],
+        lr_scheduler_type="constant_with_warmup", warmup_steps=params.get("warmup_steps", 0),
+        beta=0.0, entropy_coef=0.0, epsilon=params["clip_low"], epsilon_high=params["clip_high"],
+        loss_type="dapo", num_iterations=1, max_completion_length=params["rollout"]["max_response_tokens"],
+        logging_steps=1, save_strategy="steps" if every > 0 else "no", save_steps=max(every, 1),
+        save_total_limit=2, save_only_model=False, report_to=[], disable_tqdm=False,
+        remove_unused_columns=False, weight_decay=0.01, max_grad_norm=1.0,
+    )
+
+
 def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     """Train one RL stage with TRL's GRPOTrainer and our rollout layer, resuming from its last checkpoint.
 
@@ -39,9 +67,8 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
         ValueError: the training set is empty (e.g. hard-problem mining kept nothing).
     """
     from datasets import Dataset
-    from trl import GRPOConfig
 
-    from .. import models
+    from .. import distributed, models
     from ..rl import checkpoints
     from ..rl.trainer import (PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, read_state,
                               rollout_reward)
@@ -52,12 +79,21 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     rows = read_jsonl(data_path)
     if not rows:
         raise ValueError(f"{data_path}: no training problems; nothing to train on")
+    ps = distributed.process_state(params.get("trainer"))
+    P, G = params["prompts_per_step"], params["group_size"]
+    if P % ps.num_processes:
+        raise ValueError(f"rl.prompts_per_step={P} must be a multiple of the number of training processes "
+                         f"({ps.num_processes}): each process rolls out whole groups")
     ckpt_root = checkpoints.checkpoint_root(out)
-    resume = checkpoints.prepare(ckpt_root, checkpoints.fingerprint(params, model_dir, data_path))
+    fp = checkpoints.fingerprint(params, model_dir, data_path)
+    with ps.main_process_first():  # the main process clears a stale folder; the others then find it ready
+        resume = checkpoints.prepare(ckpt_root, fp)
     resume_step = read_state(resume)["step"] if resume else 0
-    for log in ("metrics.jsonl", "rollouts.jsonl"):  # keep exactly the steps the checkpoint contains
-        checkpoints.truncate_log(out / log, resume_step)
-    shutil.rmtree(out / "tensorboard", ignore_errors=True)  # rewritten from metrics.jsonl below on resume
+    if ps.is_main_process:
+        for log in ("metrics.jsonl", "rollouts.jsonl"):  # keep exactly the steps the checkpoint contains
+            checkpoints.truncate_log(out / log, resume_step)
+        shutil.rmtree(out / "tensorboard", ignore_errors=True)  # rewritten from metrics.jsonl below on resume
+    ps.wait_for_everyone()
 
     # Each stage draws its own prompt order: with one seed for all, stage 2 would replay stage 1's prompts.
     seed = params["seed"] + zlib.crc32(params.get("name", "rl").encode()) % 10_000
@@ -65,35 +101,30 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     answers = {r["problem"]: {"id": r["id"], "answer": r["answer"]} for r in rows}
     dataset = Dataset.from_list([{"prompt": q} for q in answers])
 
+    # Trainer arguments before the model: under accelerate's DeepSpeed ZeRO-3 they make from_pretrained load
+    # the weights already sharded, instead of one full copy per process.
+    args = grpo_config(params, str(ckpt_root), seed, ps.num_processes)
     model, tok = models.load(model_dir)
-    G = params["group_size"]
-    every = params.get("checkpoint_every", 1)
-    args = GRPOConfig(
-        output_dir=str(ckpt_root), use_cpu=True, bf16=False, seed=seed,
-        per_device_train_batch_size=params["prompts_per_step"] * G, gradient_accumulation_steps=1,
-        num_generations=G, max_steps=params["steps"], learning_rate=params["learning_rate"],
-        lr_scheduler_type="constant_with_warmup", warmup_steps=params.get("warmup_steps", 0),
-        beta=0.0, entropy_coef=0.0, epsilon=params["clip_low"], epsilon_high=params["clip_high"],
-        loss_type="dapo", num_iterations=1, max_completion_length=params["rollout"]["max_response_tokens"],
-        logging_steps=1, save_strategy="steps" if every > 0 else "no", save_steps=max(every, 1),
-        save_total_limit=2, save_only_model=False, report_to=[], disable_tqdm=False,
-        remove_unused_columns=False, weight_decay=0.01, max_grad_norm=1.0,
-    )
     penalty = PenaltyConfig(params.get("error_penalty", "status"), params.get("format_penalty", "paper"),
                             params.get("penalty_eps", 1e-3))
     rollout_fn = RolloutFunc(answers, rollout_config(params), G, params.get("oversample", 2), params["mode"],
                              params.get("positive_selection", "inverse_prob"), seed, str(out), penalty)
+    rollout_fn.set_process(ps.process_index, ps.num_processes)
     if resume:
         rollout_fn.load_state_dict(read_state(resume))
         print(f"[rl] resuming {params.get('name', 'rl')} from {resume} (step {resume_step})", flush=True)
     callback = make_metrics_callback(rollout_fn, str(out / "metrics.jsonl"), str(out / "tensorboard"))
-    if resume:
+    if resume and ps.is_main_process:
         callback.replay(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else [])
     trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
                                    processing_class=tok, rollout_fn=rollout_fn, callbacks=[callback])
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    trainer.model.save_pretrained(out / "model")
+    trainer.save_model(str(out / "model"))  # every process: gathers ZeRO-3 / FSDP shards; the main one writes
+    ps.wait_for_everyone()
+    if not ps.is_main_process:
+        return
     tok.save_pretrained(out / "model")
+    (out / "model" / "training_args.bin").unlink(missing_ok=True)  # Trainer's pickle; not part of the model
     metrics = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
     write_manifest(out, stage=params.get("name", "rl"), params=params, inputs=[model_dir, data_path],
                    counts={"steps": len(metrics), "updates_skipped": sum(bool(m.get("update_skipped")) for m in metrics),

@@ -31,30 +31,64 @@ def tokenize_rows(tok, rows: list[dict], max_length: int) -> tuple[list[dict], l
     return kept, dropped
 
 
+def sft_config(params: dict, output_dir: str, num_processes: int = 1):
+    """TRL ``SFTConfig`` of the cold start (paper §5.1: 3 epochs, lr 5e-6, batch 128, cosine decay, 4% warm-up;
+    AdamW, the Trainer's default optimizer). ``batch_size`` is the batch of one optimizer step:
+    per-device rows x ``grad_accum`` x ``num_processes``. Device and precision come from ``params["trainer"]``.
+    Raises:
+        ValueError: batch_size is not a positive multiple of grad_accum x num_processes.
+    """
+    from trl import SFTConfig
+
+    from .. import distributed
+
+    accum = params.get("grad_accum", 1)
+    per_device, rest = divmod(params["batch_size"], accum * num_processes)
+    if rest or not per_device:
+        raise ValueError(f"sft.batch_size={params['batch_size']} must be a multiple of sft.grad_accum ({accum}) "
+                         f"x training processes ({num_processes})")
+    return SFTConfig(
+        output_dir=output_dir, seed=params["seed"], **distributed.trainer_kwargs(params.get("trainer")),
+        num_train_epochs=params["epochs"], learning_rate=params["learning_rate"],
+        per_device_train_batch_size=per_device, gradient_accumulation_steps=accum,
+        lr_scheduler_type="cosine", warmup_steps=float(params.get("warmup_ratio", 0.04)), max_length=None,
+        logging_steps=1, save_strategy="no", report_to=[], packing=False,
+    )
+
+
 def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     """Fine-tune the base model on the SFT conversations; writes ``model/``, ``metrics.jsonl``, ``manifest.json``.
 
-    params: epochs, learning_rate, batch_size, grad_accum, max_length, warmup_ratio, seed, limit.
+    params: epochs, learning_rate, batch_size (per optimizer step, over all processes and accumulation steps),
+        grad_accum, max_length, warmup_ratio, seed, limit, trainer (the ``distributed`` section: device, bf16,
+        gradient_checkpointing). Runs as one process, or as several under ``accelerate launch``.
     Raises:
-        ValueError: no example fits in ``max_length`` (the message says how many were too long).
+        ValueError: no example fits in ``max_length`` (the message says how many were too long), or batch_size
+            is not a multiple of grad_accum x processes.
     """
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
-    from .. import models
+    from .. import distributed, models
 
     t0 = time.time()
     out = Path(out_dir)
+    ps = distributed.process_state(params.get("trainer"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
+    if ps.is_main_process:
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    ps.wait_for_everyone()
+    # Trainer arguments before the model: under accelerate's DeepSpeed ZeRO-3 they make from_pretrained load
+    # the weights already sharded, instead of one full copy per process.
+    args = sft_config(params, str(out / "trainer_scratch"), ps.num_processes)
     model, tok = models.load(model_dir)
     tok.padding_side = "right"
     rows = read_jsonl(data_path)
     if params.get("limit"):
         rows = rows[: params["limit"]]
     examples, dropped = tokenize_rows(tok, rows, params["max_length"])
-    if dropped:
+    if dropped and ps.is_main_process:
         print(f"[sft] dropped {len(dropped)} of {len(rows)} examples longer than max_length="
               f"{params['max_length']}: {dropped[:10]}", flush=True)
     if not examples:
@@ -62,22 +96,19 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
 
     class _Log(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "loss" in logs:
+            if logs and "loss" in logs and state.is_world_process_zero:
                 append_jsonl(out / "metrics.jsonl", {"step": state.global_step, **{k: logs[k] for k in logs}})
 
-    args = SFTConfig(
-        output_dir=str(out / "trainer_scratch"), use_cpu=True, bf16=False, seed=params["seed"],
-        num_train_epochs=params["epochs"], learning_rate=params["learning_rate"],
-        per_device_train_batch_size=params["batch_size"], gradient_accumulation_steps=params.get("grad_accum", 1),
-        lr_scheduler_type="cosine", warmup_steps=float(params.get("warmup_ratio", 0.04)), max_length=None,
-        logging_steps=1, save_strategy="no", report_to=[], packing=False,
-    )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),
                          processing_class=tok, callbacks=[_Log()])
     trainer.train()
     tok.padding_side = "left"
-    trainer.model.save_pretrained(out / "model")
+    trainer.save_model(str(out / "model"))  # every process: gathers ZeRO-3 / FSDP shards; the main one writes
+    ps.wait_for_everyone()
+    if not ps.is_main_process:
+        return
     tok.save_pretrained(out / "model")
+    (out / "model" / "training_args.bin").unlink(missing_ok=True)  # Trainer's pickle; not part of the model
     shutil.rmtree(out / "trainer_scratch", ignore_errors=True)
     lengths = [len(e["input_ids"]) for e in examples]
     counts = {"examples": len(examples), "dropped_too_long": len(dropped), "max_tokens": max(lengths),

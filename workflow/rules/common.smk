@@ -53,8 +53,27 @@ def sft_data_params():
                     "seed": config["seed"]})
 
 
+def _trainer():
+    # The training settings of the distributed section that can change results (device, precision, vLLM);
+    # the launcher and resources cannot, so they are not params and changing them reruns nothing.
+    d = config["distributed"]
+    return {"trainer": {k: d[k] for k in ("device", "bf16", "gradient_checkpointing", "vllm")}}
+
+
 def sft_params():
-    return as_json({**config["sft"], "seed": config["seed"]})
+    return as_json({**config["sft"], **_trainer(), "seed": config["seed"]})
+
+
+def launch(family):
+    """The command that runs `rstar2 <stage>` for a training rule: `rstar2` itself (one process) or e.g.
+    `accelerate launch --config_file configs/accelerate/fsdp.yaml -m rstar2.cli` (several)."""
+    return config["distributed"]["launch"][family]
+
+
+def job_resources(family):
+    """Snakemake resources of one family of rules: distributed.resources `default` merged with the family's."""
+    res = config["distributed"]["resources"]
+    return {**res["default"], **res.get(family, {})}
 
 
 def _local(paths):
@@ -134,7 +153,7 @@ def rl_params(stage):
     rl = config["rl"]
     st = rl["stages"][stage]
     shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size")}
-    return as_json({**shared, "name": f"rl_{stage}", "steps": st["steps"], **_tools(),
+    return as_json({**shared, "name": f"rl_{stage}", "steps": st["steps"], **_tools(), **_trainer(),
                     "rollout": _rollout(st, rl["temperature"], rl["top_p"], rl["batch_size"]),
                     "seed": config["seed"]})
 

@@ -15,6 +15,8 @@ rule rl_candidates:
         "logs/rl_candidates.log",
     priority: 10  # cheap and most likely to reveal a bad custom dataset: run it first
     threads: 1
+    resources:
+        **job_resources("default"),
     shell:
         "rstar2 rl-data --params {params.p:q} --out results/rl_candidates 2>&1 | tee {log}"
 
@@ -30,6 +32,8 @@ rule verifier_model:
     log:
         "logs/verifier_model.log",
     threads: 2
+    resources:
+        **job_resources("default"),
     shell:
         "rstar2 base-model --params {params.p:q} --out results/verifier_model 2>&1 | tee {log}"
 
@@ -53,6 +57,8 @@ rule rl_data:
     benchmark:
         "benchmarks/rl_data.tsv"
     threads: 2
+    resources:
+        **job_resources("generate"),
     shell:
         "rstar2 label-verification --params {params.p:q} --data results/rl_candidates/train.jsonl"
         " --funnel results/rl_candidates/funnel.json {params.model} --out results/rl_data 2>&1 | tee {log}"
@@ -73,6 +79,8 @@ rule hard_problems:
     benchmark:
         "benchmarks/hard_problems.tsv"
     threads: 2
+    resources:
+        **job_resources("generate"),
     shell:
         "rstar2 hard-problems --params {params.p:q} --model results/rl/stage2/model"
         " --data results/rl_data/train.jsonl --out results/hard_problems 2>&1 | tee {log}"

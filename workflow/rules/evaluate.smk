@@ -21,6 +21,8 @@ rule evaluate:
     benchmark:
         "benchmarks/evaluate_{model}.tsv"
     threads: 2
+    resources:
+        **job_resources("generate"),
     shell:
         "rstar2 evaluate --params {params.p:q} --name {wildcards.model} --model {params.model_dir}"
         " --out results/eval/{wildcards.model} 2>&1 | tee {log}"
@@ -56,5 +58,7 @@ rule report:
     log:
         "logs/report.log",
     threads: 1
+    resources:
+        **job_resources("default"),
     shell:
         "rstar2 report --params {params.p:q} --inputs {params.inputs:q} --out results/report 2>&1 | tee {log}"

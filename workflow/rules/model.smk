@@ -11,6 +11,8 @@ rule base_model:
     log:
         "logs/base_model.log",
     threads: 2
+    resources:
+        **job_resources("default"),
     shell:
         "rstar2 base-model --params {params.p:q} --out results/base_model 2>&1 | tee {log}"
 
@@ -28,6 +30,8 @@ rule sft_data:
         "logs/sft_data.log",
     priority: 10
     threads: 2
+    resources:
+        **job_resources("default"),
     shell:
         "rstar2 sft-data --params {params.p:q} --out results/sft_data 2>&1 | tee {log}"
 
@@ -47,6 +51,8 @@ rule sft:
     benchmark:
         "benchmarks/sft.tsv"
     threads: 2
+    resources:
+        **job_resources("sft"),
     shell:
-        "rstar2 sft --params {params.p:q} --model results/base_model/model"
+        launch("sft") + " sft --params {params.p:q} --model results/base_model/model"
         " --data results/sft_data/train.jsonl --out results/sft 2>&1 | tee {log}"

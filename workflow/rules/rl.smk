@@ -20,8 +20,10 @@ rule rl_stage1:
     benchmark:
         "benchmarks/rl_stage1.tsv"
     threads: 2
+    resources:
+        **job_resources("rl"),
     shell:
-        "rstar2 rl --params {params.p:q} --model results/sft/model"
+        launch("rl") + " rl --params {params.p:q} --model results/sft/model"
         " --data results/rl_data/train.jsonl --out results/rl/stage1 2>&1 | tee {log}"
 
 
@@ -40,8 +42,10 @@ rule rl_stage2:
     benchmark:
         "benchmarks/rl_stage2.tsv"
     threads: 2
+    resources:
+        **job_resources("rl"),
     shell:
-        "rstar2 rl --params {params.p:q} --model results/rl/stage1/model"
+        launch("rl") + " rl --params {params.p:q} --model results/rl/stage1/model"
         " --data results/rl_data/train.jsonl --out results/rl/stage2 2>&1 | tee {log}"
 
 
@@ -60,6 +64,8 @@ rule rl_stage3:
     benchmark:
         "benchmarks/rl_stage3.tsv"
     threads: 2
+    resources:
+        **job_resources("rl"),
     shell:
-        "rstar2 rl --params {params.p:q} --model results/rl/stage2/model"
+        launch("rl") + " rl --params {params.p:q} --model results/rl/stage2/model"
         " --data results/hard_problems/hard.jsonl --out results/rl/stage3 2>&1 | tee {log}"
