@@ -50,13 +50,31 @@ def grpo_config(params: dict, output_dir: str, seed: int, num_processes: int = 1
     )
 
 
+def _heldout_callbacks(params: dict, seed: int, out: Path, is_main: bool) -> list:
+    """The held-out evaluation callback when ``params["heldout"]`` names a benchmark, else none."""
+    ho = params.get("heldout") or {}
+    if not ho.get("benchmark"):
+        return []
+    from ..data.benchmarks import answer_type, load_benchmark
+    from ..rl.heldout import make_heldout_callback
+
+    name, spec = ho["benchmark"], ho["spec"]
+    problems = load_benchmark(name, spec)[: ho.get("limit") or None]
+    rcfg = rollout_config({**params, "rollout": {**params["rollout"], "temperature": ho["temperature"],
+                                                 "top_p": ho["top_p"]}})
+    return [make_heldout_callback(problems, answer_type(spec).name, rcfg, ho["every"], ho["k"], seed, str(out),
+                                  params["steps"], is_main)]
+
+
 def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     """Train one RL stage with TRL's GRPOTrainer and our rollout layer, resuming from its last checkpoint.
 
     Args:
         params: the stage's resolved config: steps, prompts_per_step, group_size, oversample, mode,
             positive_selection, error_penalty, format_penalty, penalty_eps, checkpoint_every, learning_rate,
-            warmup_steps, clip_low, clip_high, rollout{...}, tool{...}, seed.
+            warmup_steps, clip_low, clip_high, rollout{...}, tool{...}, seed; optional ``heldout``
+            {benchmark, spec, every, limit, k, temperature, top_p} evaluates the policy on a held-out benchmark
+            at step 0 and every ``every`` steps (``rstar2.rl.heldout``: ``heldout.jsonl``).
         model_dir: folder of the starting model (previous stage's ``model/``).
         data_path: JSON Lines with ``id``, ``problem``, ``answer`` (rl_data's train.jsonl or hard_problems' hard.jsonl).
         out_dir: ``results/rl/stageN``; writes ``model/``, ``metrics.jsonl``, ``rollouts.jsonl``,
@@ -90,7 +108,8 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
         resume = checkpoints.prepare(ckpt_root, fp)
     resume_step = read_state(resume)["step"] if resume else 0
     if ps.is_main_process:
-        for log in ("metrics.jsonl", "rollouts.jsonl"):  # keep exactly the steps the checkpoint contains
+        for log in ("metrics.jsonl", "rollouts.jsonl", "heldout.jsonl", "heldout_problems.jsonl"):
+            # keep exactly the steps the checkpoint contains
             checkpoints.truncate_log(out / log, resume_step)
         shutil.rmtree(out / "tensorboard", ignore_errors=True)  # rewritten from metrics.jsonl below on resume
     ps.wait_for_everyone()
@@ -116,8 +135,9 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     callback = make_metrics_callback(rollout_fn, str(out / "metrics.jsonl"), str(out / "tensorboard"))
     if resume and ps.is_main_process:
         callback.replay(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else [])
+    callbacks = [callback] + _heldout_callbacks(params, seed, out, ps.is_main_process)
     trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
-                                   processing_class=tok, rollout_fn=rollout_fn, callbacks=[callback])
+                                   processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     trainer.save_model(str(out / "model"))  # every process: gathers ZeRO-3 / FSDP shards; the main one writes
     ps.wait_for_everyone()

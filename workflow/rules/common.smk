@@ -14,17 +14,28 @@ validate(config, schema="../schemas/config.schema.yaml")
 # the `rstar2` CLI of its virtual environment is found even when the venv was not activated.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
+# RL stages run in order; a null stage ends the pipeline at the one before (configs/cpu-learning.yaml runs stage 1).
+RL_STAGES = [s for s in ("stage1", "stage2", "stage3") if config["rl"]["stages"].get(s)]
+if RL_STAGES != ["stage1", "stage2", "stage3"][: len(RL_STAGES)]:
+    raise ValueError(f"config: rl.stages must enable stage1, stage1-2 or stage1-3 in order; enabled: {RL_STAGES}")
+
 MODEL_DIRS = {
     "base": "results/base_model",
     "sft": "results/sft",
-    "rl_stage1": "results/rl/stage1",
-    "rl_stage2": "results/rl/stage2",
-    "rl_stage3": "results/rl/stage3",
+    **{f"rl_{s}": f"results/rl/{s}" for s in RL_STAGES},
 }
 
 
 def _check_benchmark_names():
     known = set(config["benchmarks"])
+    heldout = config["rl"]["heldout"]["benchmark"]
+    if heldout is not None and heldout not in known:
+        raise ValueError(f"config: rl.heldout.benchmark names benchmark {heldout!r}, which is not defined under "
+                         f"'benchmarks' (defined: {sorted(known)})")
+    for m in config["evaluate"]["models"]:
+        if m not in MODEL_DIRS:
+            raise ValueError(f"config: evaluate.models names {m!r}, which this run does not train "
+                             f"(models: {sorted(MODEL_DIRS)}; rl.stages enables {RL_STAGES})")
     for key in ("rl_data.decontaminate_against", "evaluate.benchmarks"):
         section, field = key.split(".")
         for name in config[section][field]:
@@ -149,13 +160,29 @@ def _rollout(section, temperature, top_p, batch_size):
             "temperature": temperature, "top_p": top_p, "batch_size": batch_size, **config.get("rollout", {})}
 
 
-def rl_params(stage):
+def rl_params(stage, mode=None, seed=None):
+    """One RL stage's params; `mode` / `seed` override rl.mode / seed for the ablation runs of stage 1."""
     rl = config["rl"]
     st = rl["stages"][stage]
-    shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size")}
-    return as_json({**shared, "name": f"rl_{stage}", "steps": st["steps"], **_tools(), **_trainer(),
+    shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size", "heldout")}
+    ho = rl["heldout"]
+    heldout = {**ho, "spec": config["benchmarks"][ho["benchmark"]]} if ho["benchmark"] else None
+    return as_json({**shared, "mode": mode or rl["mode"], "name": f"rl_{stage}", "steps": st["steps"],
+                    **_tools(), **_trainer(), "heldout": heldout,
                     "rollout": _rollout(st, rl["temperature"], rl["top_p"], rl["batch_size"]),
-                    "seed": config["seed"]})
+                    "seed": config["seed"] if seed is None else int(seed)})
+
+
+def heldout_files():
+    b = config["rl"]["heldout"]["benchmark"]
+    return _local([config["benchmarks"][b]["path"]]) if b else []
+
+
+def ablation_runs():
+    """{(mode, seed): stage folder} for the ablation; the configured (rl.mode, seed) pair is rl_stage1 itself."""
+    ab = config["ablation"]
+    return {(m, s): ("results/rl/stage1" if (m, s) == (config["rl"]["mode"], config["seed"])
+                     else f"results/ablation/{m}-seed{s}") for m in ab["modes"] for s in ab["seeds"]}
 
 
 def hard_problems_params():
@@ -182,15 +209,23 @@ def model_dir(wildcards):
 
 
 def report_inputs():
-    stages = {s: f"results/rl/{s}" for s in ("stage1", "stage2", "stage3")}
+    stages = {s: f"results/rl/{s}" for s in RL_STAGES}
     evals = {m: f"results/eval/{m}" for m in config["evaluate"]["models"]}
+    ablation = [{"mode": m, "seed": s, "dir": d} for (m, s), d in ablation_runs().items()]
     # not sorted: the report lists models in the configured order
-    return json.dumps({"rl_stages": stages, "eval": evals, "rl_data": "results/rl_data"})
+    return json.dumps({"rl_stages": stages, "eval": evals, "rl_data": "results/rl_data", "ablation": ablation})
+
+
+def report_manifests():
+    return ([f"results/eval/{m}/manifest.json" for m in config["evaluate"]["models"]]
+            + [f"results/rl/{s}/manifest.json" for s in RL_STAGES]
+            + [f"{d}/manifest.json" for d in ablation_runs().values()] + ["results/rl_data/manifest.json"])
 
 
 def all_manifests():
-    stages = ["base_model", "sft_data", "sft", "rl_candidates", "rl_data", "rl/stage1", "rl/stage2", "hard_problems",
-              "rl/stage3", "report"]
+    stages = ["base_model", "sft_data", "sft", "rl_candidates", "rl_data", *[f"rl/{s}" for s in RL_STAGES],
+              *(["hard_problems"] if "stage3" in RL_STAGES else []), "report"]
     evals = [f"eval/{m}" for m in config["evaluate"]["models"]]
     verifier = ["verifier_model"] if _verifier_dir() == "results/verifier_model" else []
-    return [f"results/{s}/manifest.json" for s in stages + verifier + evals]
+    ablation = [f"{d}/manifest.json" for d in ablation_runs().values()]
+    return [f"results/{s}/manifest.json" for s in stages + verifier + evals] + ablation

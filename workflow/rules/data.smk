@@ -64,23 +64,26 @@ rule rl_data:
         " --funnel results/rl_candidates/funnel.json {params.model} --out results/rl_data 2>&1 | tee {log}"
 
 
-rule hard_problems:
-    input:
-        "results/rl/stage2/manifest.json",
-        "results/rl_data/manifest.json",
-    output:
-        "results/hard_problems/manifest.json",
-    params:
-        p=hard_problems_params(),
-    conda:
-        "../../envs/rstar2.yaml"
-    log:
-        "logs/hard_problems.log",
-    benchmark:
-        "benchmarks/hard_problems.tsv"
-    threads: 2
-    resources:
-        **job_resources("generate"),
-    shell:
-        "rstar2 hard-problems --params {params.p:q} --model results/rl/stage2/model"
-        " --data results/rl_data/train.jsonl --out results/hard_problems 2>&1 | tee {log}"
+# Mining feeds stage 3 only.
+if "stage3" in RL_STAGES:
+
+    rule hard_problems:
+        input:
+            "results/rl/stage2/manifest.json",
+            "results/rl_data/manifest.json",
+        output:
+            "results/hard_problems/manifest.json",
+        params:
+            p=hard_problems_params(),
+        conda:
+            "../../envs/rstar2.yaml"
+        log:
+            "logs/hard_problems.log",
+        benchmark:
+            "benchmarks/hard_problems.tsv"
+        threads: 2
+        resources:
+            **job_resources("generate"),
+        shell:
+            "rstar2 hard-problems --params {params.p:q} --model results/rl/stage2/model"
+            " --data results/rl_data/train.jsonl --out results/hard_problems 2>&1 | tee {log}"

@@ -30,9 +30,7 @@ rule evaluate:
 
 rule report:
     input:
-        expand("results/eval/{model}/manifest.json", model=config["evaluate"]["models"]),
-        expand("results/rl/{stage}/manifest.json", stage=["stage1", "stage2", "stage3"]),
-        "results/rl_data/manifest.json",
+        report_manifests(),
     output:
         "results/report/manifest.json",
         report(

@@ -9,6 +9,7 @@ rule rl_stage1:
     input:
         "results/sft/manifest.json",
         "results/rl_data/manifest.json",
+        heldout_files(),
     output:
         "results/rl/stage1/manifest.json",
     params:
@@ -27,45 +28,80 @@ rule rl_stage1:
         " --data results/rl_data/train.jsonl --out results/rl/stage1 2>&1 | tee {log}"
 
 
-rule rl_stage2:
+if "stage2" in RL_STAGES:
+
+    rule rl_stage2:
+        input:
+            "results/rl/stage1/manifest.json",
+            "results/rl_data/manifest.json",
+            heldout_files(),
+        output:
+            "results/rl/stage2/manifest.json",
+        params:
+            p=rl_params("stage2"),
+        conda:
+            "../../envs/rstar2.yaml"
+        log:
+            "logs/rl_stage2.log",
+        benchmark:
+            "benchmarks/rl_stage2.tsv"
+        threads: 2
+        resources:
+            **job_resources("rl"),
+        shell:
+            launch("rl") + " rl --params {params.p:q} --model results/rl/stage1/model"
+            " --data results/rl_data/train.jsonl --out results/rl/stage2 2>&1 | tee {log}"
+
+
+if "stage3" in RL_STAGES:
+
+    rule rl_stage3:
+        input:
+            "results/rl/stage2/manifest.json",
+            "results/hard_problems/manifest.json",
+            heldout_files(),
+        output:
+            "results/rl/stage3/manifest.json",
+        params:
+            p=rl_params("stage3"),
+        conda:
+            "../../envs/rstar2.yaml"
+        log:
+            "logs/rl_stage3.log",
+        benchmark:
+            "benchmarks/rl_stage3.tsv"
+        threads: 2
+        resources:
+            **job_resources("rl"),
+        shell:
+            launch("rl") + " rl --params {params.p:q} --model results/rl/stage2/model"
+            " --data results/hard_problems/hard.jsonl --out results/rl/stage3 2>&1 | tee {log}"
+
+
+# The GRPO / GRPO-RoC ablation (paper §5.3, Fig. 4 and 9): stage 1 again from the same SFT model with every other
+# (mode, seed) pair of `ablation:`, same budget; the configured pair is rl_stage1 itself (ablation_runs()).
+rule rl_ablation:
     input:
-        "results/rl/stage1/manifest.json",
+        "results/sft/manifest.json",
         "results/rl_data/manifest.json",
+        heldout_files(),
     output:
-        "results/rl/stage2/manifest.json",
+        "results/ablation/{mode}-seed{seed}/manifest.json",
+    wildcard_constraints:
+        mode="grpo_roc|grpo",
+        seed=r"\d+",
     params:
-        p=rl_params("stage2"),
+        p=lambda wc: rl_params("stage1", wc.mode, wc.seed),
     conda:
         "../../envs/rstar2.yaml"
     log:
-        "logs/rl_stage2.log",
+        "logs/rl_ablation_{mode}-seed{seed}.log",
     benchmark:
-        "benchmarks/rl_stage2.tsv"
+        "benchmarks/rl_ablation_{mode}-seed{seed}.tsv"
     threads: 2
     resources:
         **job_resources("rl"),
     shell:
-        launch("rl") + " rl --params {params.p:q} --model results/rl/stage1/model"
-        " --data results/rl_data/train.jsonl --out results/rl/stage2 2>&1 | tee {log}"
-
-
-rule rl_stage3:
-    input:
-        "results/rl/stage2/manifest.json",
-        "results/hard_problems/manifest.json",
-    output:
-        "results/rl/stage3/manifest.json",
-    params:
-        p=rl_params("stage3"),
-    conda:
-        "../../envs/rstar2.yaml"
-    log:
-        "logs/rl_stage3.log",
-    benchmark:
-        "benchmarks/rl_stage3.tsv"
-    threads: 2
-    resources:
-        **job_resources("rl"),
-    shell:
-        launch("rl") + " rl --params {params.p:q} --model results/rl/stage2/model"
-        " --data results/hard_problems/hard.jsonl --out results/rl/stage3 2>&1 | tee {log}"
+        launch("rl") + " rl --params {params.p:q} --model results/sft/model"
+        " --data results/rl_data/train.jsonl --out results/ablation/{wildcards.mode}-seed{wildcards.seed}"
+        " 2>&1 | tee {log}"
