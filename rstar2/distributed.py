@@ -29,15 +29,15 @@ def trainer_kwargs(dist: dict | None) -> dict:
 
     dist keys: device ("cpu" | "cuda"), bf16 (bool), gradient_checkpointing (bool); None or {} = the CPU defaults.
     Raises:
-        ValueError: unknown device, or bf16 on CPU (the CPU run is float32 by design: tiny models, exact tests).
+        ValueError: unknown device.
+    bf16 on CPU is torch.autocast mixed precision (float32 master weights), about 2x faster training on CPUs
+    with AMX / AVX512-BF16; the default CPU run stays float32 (exact tests).
     """
     dist = dist or {}
     device = dist.get("device", "cpu")
     if device not in DEVICES:
         raise ValueError(f"distributed.device must be one of {DEVICES}, got {device!r}")
     bf16 = bool(dist.get("bf16", False))
-    if bf16 and device == "cpu":
-        raise ValueError("distributed.bf16 needs distributed.device: cuda")
     return {"use_cpu": device == "cpu", "bf16": bf16,
             "gradient_checkpointing": bool(dist.get("gradient_checkpointing", False))}
 

@@ -61,7 +61,8 @@ def default_engines(model, tok, cfg: RolloutConfig) -> list:
         return [VLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, kv_tokens=cfg.kv_cache_tokens)]
     if hasattr(model, "eval"):
         model.eval()
-    return [HFEngine(model, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size, kv_tokens=cfg.kv_cache_tokens)
+    return [HFEngine(model, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size, kv_tokens=cfg.kv_cache_tokens,
+                     precision=cfg.precision)
             for _ in range(cfg.num_engines)]
 
 

@@ -32,6 +32,7 @@ class RolloutConfig:
     kv_cache_tokens: KV capacity per engine used for admission; None = ask the engine (None there too =
         no KV limit, admission then only caps in-flight trajectories at ``max_inflight_per_engine``).
     max_calls_per_turn: calls executed per turn (released code: 1); further calls are reported as dropped.
+    precision: "fp32" | "bf16" for the "hf" engine (bf16 = generate under torch.autocast; weights unchanged).
     """
     max_response_tokens: int = 512
     max_turns: int = 10
@@ -50,6 +51,7 @@ class RolloutConfig:
     tool_max_chars: int = 256
     tool_timeout_s: float = 5.0
     tool_memory_mb: int = 1024
+    precision: str = "fp32"
 
     def __post_init__(self):
         if self.engine not in ("hf", "vllm", "server"):
@@ -57,6 +59,8 @@ class RolloutConfig:
         if self.engine == "server" and not self.server_urls:
             raise ValueError("rollout.engine 'server' needs rollout.server_urls")
         self.server_urls = tuple(self.server_urls)
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"rollout.precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.scheduler not in ("balanced", "static"):
             raise ValueError(f"rollout.scheduler must be 'balanced' or 'static', got {self.scheduler!r}")
         for name in ("max_response_tokens", "max_turns", "batch_size", "num_engines", "max_calls_per_turn",

@@ -50,13 +50,19 @@ def cut_at_stop(ids: list[int], stop_ids: set[int], max_new: int, pad_id: int | 
 class BatchingEngine:
     """Collects concurrent ``generate`` calls into batches for a synchronous batch backend.
 
-    A worker task takes up to ``max_batch`` waiting requests (after lingering ``linger_s`` for more to
-    arrive), runs ``_generate_batch`` in a thread so the event loop keeps running tool calls, and starts
-    the next batch as soon as one returns: requests that arrived meanwhile join it (no per-turn barrier).
+    A worker task takes up to ``max_batch`` waiting requests, runs ``_generate_batch`` in a thread so the
+    event loop keeps running tool calls, and starts the next batch as soon as one returns: requests that
+    arrived meanwhile join it (no per-turn barrier). Before a batch it lingers ``linger_s`` for more
+    requests, and keeps lingering while new ones keep arriving, up to ``max_linger_s`` in all: the next turns
+    of a batch's trajectories come back from their tool calls a few milliseconds apart, and a backend
+    without continuous batching (``HFEngine``) pays a whole decode for each batch it starts, so starting
+    one on the first arrival would split a turn into several sequential batches.
     """
 
-    def __init__(self, max_batch: int = 16, kv_tokens: int | None = None, linger_s: float = 0.005):
+    def __init__(self, max_batch: int = 16, kv_tokens: int | None = None, linger_s: float = 0.005,
+                 max_linger_s: float | None = None):
         self.max_batch, self.kv_tokens, self.linger_s = max_batch, kv_tokens, linger_s
+        self.max_linger_s = linger_s if max_linger_s is None else max_linger_s
         self._queue: list[tuple[list[int], int, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
@@ -83,8 +89,11 @@ class BatchingEngine:
     async def _work(self) -> None:
         while True:
             await self._wake.wait()
-            if self.linger_s > 0 and len(self._queue) < self.max_batch:
-                await asyncio.sleep(self.linger_s)
+            if self.linger_s > 0:
+                deadline, seen = asyncio.get_running_loop().time() + self.max_linger_s, -1
+                while seen != len(self._queue) < self.max_batch and asyncio.get_running_loop().time() < deadline:
+                    seen = len(self._queue)
+                    await asyncio.sleep(self.linger_s)
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch:]
             if not self._queue:
                 self._wake.clear()
@@ -119,12 +128,16 @@ class HFEngine(BatchingEngine):
         model: a causal LM (or anything with ``generate(input_ids, attention_mask, max_new_tokens, ...)``).
         tok: its tokenizer; ``eos_token_id`` ends a turn, ``pad_token_id`` pads.
         temperature, top_p: sampling (temperature 0 = greedy).
+        precision: "fp32", or "bf16" to generate under ``torch.autocast`` in bfloat16 (weights stay float32;
+            about 1.5x faster on CPUs with AMX / AVX512-BF16).
     """
 
     def __init__(self, model, tok, temperature: float = 1.0, top_p: float = 1.0, max_batch: int = 16,
-                 kv_tokens: int | None = None, linger_s: float = 0.005):
-        super().__init__(max_batch, kv_tokens, linger_s)
+                 kv_tokens: int | None = None, linger_s: float = 0.02, max_linger_s: float = 0.5,
+                 precision: str = "fp32"):
+        super().__init__(max_batch, kv_tokens, linger_s, max_linger_s)
         self.model, self.tok, self.temperature, self.top_p = model, tok, temperature, top_p
+        self.precision = precision
 
     def _generate_batch(self, requests):
         import torch
@@ -134,7 +147,8 @@ class HFEngine(BatchingEngine):
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in requests])
         attn = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in requests])
         sample = self.temperature > 0
-        with torch.no_grad():
+        device = getattr(self.model, "device", torch.device("cpu"))
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             out = self.model.generate(input_ids=input_ids, attention_mask=attn,
                                       max_new_tokens=max(n for _, n in requests), do_sample=sample,
                                       temperature=self.temperature if sample else None,

@@ -37,6 +37,8 @@ def grpo_config(params: dict, output_dir: str, seed: int, num_processes: int = 1
     G, every, dist = params["group_size"], params.get("checkpoint_every", 1), params.get("trainer")
     return GRPOConfig(
         output_dir=output_dir, seed=seed, **distributed.trainer_kwargs(dist),
+        # the loss's log-probs use the distribution the rollouts were sampled from (logits / T)
+        temperature=params["rollout"].get("temperature") or 1.0,
         **distributed.vllm_kwargs(params["rollout"], dist),
         # TRL's sampler gives each process a contiguous slice of this many rows: whole groups, P / N of them
         per_device_train_batch_size=params["prompts_per_step"] // num_processes * G, gradient_accumulation_steps=1,
