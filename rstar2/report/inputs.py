@@ -81,12 +81,15 @@ class Inputs:
     eval_dirs: dict[str, Path] = field(default_factory=dict)
     funnel: dict | None = None
     funnel_png: Path | None = None
+    heldout: dict[str, list[dict]] = field(default_factory=dict)       # stage -> heldout.jsonl rows
+    ablation: list[dict] = field(default_factory=list)                 # {"mode", "seed", "metrics", "heldout"}
     notes: list[str] = field(default_factory=list)
     read: list[str] = field(default_factory=list)
 
 
 def load(inputs: dict) -> Inputs:
-    """Read ``{"rl_stages": {stage: dir}, "eval": {model: dir}, "rl_data": dir}`` (any key may be missing, any
+    """Read ``{"rl_stages": {stage: dir}, "eval": {model: dir}, "rl_data": dir, "ablation": [{"mode", "seed",
+    "dir"}]}`` (any key may be missing, any
     directory may lack its files)."""
     got = Inputs()
     stage_dirs = {k: v for k, v in (inputs.get("rl_stages") or {}).items() if v}
@@ -98,6 +101,11 @@ def load(inputs: dict) -> Inputs:
         got.stages[name] = list(iter_json_lines(p, got.notes))
         got.stage_dirs[name] = d
         got.manifests[name] = read_json(d / "manifest.json", got.notes)
+        got.heldout[name] = list(iter_json_lines(d / "heldout.jsonl", got.notes))
+    for run in inputs.get("ablation") or []:
+        from .learning import load_run
+
+        got.ablation.append({"mode": run["mode"], "seed": run["seed"], **load_run(Path(run["dir"]), got.notes)})
     for model, d in (inputs.get("eval") or {}).items():
         p = Path(d) / "summary.json" if d else None
         if p is not None and p.is_file():

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from ..io import atomic_path, atomic_write_text, write_manifest
 from ..report import inputs as report_inputs
-from ..report import plots, sections, trajectories
+from ..report import learning, plots, sections, trajectories
 from ..report.document import Doc, Figure, Heading, Para, to_html, to_markdown
 
-FIGURES = ("training_curves.png", "funnel.png", "eval.png")
+FIGURES = ("training_curves.png", "funnel.png", "eval.png", "learning_curve.png", "ablation.png")
 
 
 def _data_uri(path: Path) -> str:
@@ -53,6 +53,8 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
             Figure("eval.png", "avg@k per benchmark with 95% bootstrap CI, beside the paper's numbers"))
     doc.add(*sections.funnel(got.funnel, "funnel.png"))
     doc.add(*sections.training(got.stages, got.manifests))
+    doc.add(*learning.learning_section(got.heldout))
+    doc.add(*learning.ablation_section(got.ablation))
     doc.add(Heading("Sample trajectories"),
             Para(f"{shown} sample trajectories (problem, reasoning, code, tool output, answer) are in "
                  "trajectories.md / trajectories.html."))
@@ -66,6 +68,8 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     else:
         plots.plot_funnel(got.funnel, out / "funnel.png", dpi)
     plots.plot_eval(got.evals, report_inputs.benchmarks_of(got.evals), out / "eval.png", dpi)
+    learning.plot_learning(got.heldout, out / "learning_curve.png", dpi)
+    learning.plot_ablation(got.ablation, out / "ablation.png", dpi)
 
     atomic_write_text(out / "summary.md", to_markdown(doc))
     atomic_write_text(out / "summary.html", to_html(doc, {f: _data_uri(out / f) for f in FIGURES}))
@@ -80,6 +84,7 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
         "benchmarks": len(report_inputs.benchmarks_of(got.evals)),
         "funnel": got.funnel is not None,
         "trajectories": shown,
+        "ablation_runs": len(got.ablation),
         "notes": len(got.notes),
     }, started=t0)
 

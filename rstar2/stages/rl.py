@@ -63,7 +63,7 @@ def _heldout_callbacks(params: dict, seed: int, out: Path, is_main: bool) -> lis
     name, spec = ho["benchmark"], ho["spec"]
     problems = load_benchmark(name, spec)[: ho.get("limit") or None]
     rcfg = rollout_config({**params, "rollout": {**params["rollout"], "temperature": ho["temperature"],
-                                                 "top_p": ho["top_p"]}})
+                                                 "top_p": ho["top_p"], "batch_size": ho.get("batch_size", 32)}})
     return [make_heldout_callback(problems, answer_type(spec).name, rcfg, ho["every"], ho["k"], seed, str(out),
                                   params["steps"], is_main)]
 

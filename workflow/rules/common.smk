@@ -160,17 +160,22 @@ def _rollout(section, temperature, top_p, batch_size):
             "temperature": temperature, "top_p": top_p, "batch_size": batch_size, **config.get("rollout", {})}
 
 
-def rl_params(stage, mode=None, seed=None):
-    """One RL stage's params; `mode` / `seed` override rl.mode / seed for the ablation runs of stage 1."""
-    rl = config["rl"]
+def rl_params(stage, ablation=None):
+    """One RL stage's params; `ablation` = (mode, seed) gives an ablation run of stage 1: that mode and seed,
+    and the ablation's own steps and held-out settings where set."""
+    rl, ab = config["rl"], config["ablation"]
     st = rl["stages"][stage]
     shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size", "heldout")}
-    ho = rl["heldout"]
+    ho = dict(rl["heldout"])
+    mode, seed, steps = rl["mode"], config["seed"], st["steps"]
+    if ablation:
+        mode, seed, steps = ablation[0], int(ablation[1]), ab["steps"] or steps
+        ho.update({k: ab[f"heldout_{k}"] for k in ("every", "limit") if ab[f"heldout_{k}"] is not None})
     heldout = {**ho, "spec": config["benchmarks"][ho["benchmark"]]} if ho["benchmark"] else None
-    return as_json({**shared, "mode": mode or rl["mode"], "name": f"rl_{stage}", "steps": st["steps"],
+    return as_json({**shared, "mode": mode, "name": f"rl_{stage}", "steps": steps,
                     **_tools(), **_trainer(), "heldout": heldout,
                     "rollout": _rollout(st, rl["temperature"], rl["top_p"], rl["batch_size"]),
-                    "seed": config["seed"] if seed is None else int(seed)})
+                    "seed": seed})
 
 
 def heldout_files():
@@ -179,10 +184,9 @@ def heldout_files():
 
 
 def ablation_runs():
-    """{(mode, seed): stage folder} for the ablation; the configured (rl.mode, seed) pair is rl_stage1 itself."""
+    """{(mode, seed): run folder} of the ablation (every mode with every seed)."""
     ab = config["ablation"]
-    return {(m, s): ("results/rl/stage1" if (m, s) == (config["rl"]["mode"], config["seed"])
-                     else f"results/ablation/{m}-seed{s}") for m in ab["modes"] for s in ab["seeds"]}
+    return {(m, s): f"results/ablation/{m}-seed{s}" for m in ab["modes"] for s in ab["seeds"]}
 
 
 def hard_problems_params():

@@ -39,6 +39,12 @@ rule report:
             category="Training",
         ),
         report("results/report/eval.png", caption="../report/eval.rst", category="Evaluation"),
+        report(
+            "results/report/learning_curve.png",
+            caption="../report/learning_curve.rst",
+            category="Training",
+        ),
+        report("results/report/ablation.png", caption="../report/ablation.rst", category="Training"),
         report("results/report/funnel.png", caption="../report/funnel.rst", category="Data"),
         report("results/report/summary.html", caption="../report/summary.rst", category="Summary"),
         report(

@@ -78,8 +78,8 @@ if "stage3" in RL_STAGES:
             " --data results/hard_problems/hard.jsonl --out results/rl/stage3 2>&1 | tee {log}"
 
 
-# The GRPO / GRPO-RoC ablation (paper §5.3, Fig. 4 and 9): stage 1 again from the same SFT model with every other
-# (mode, seed) pair of `ablation:`, same budget; the configured pair is rl_stage1 itself (ablation_runs()).
+# The GRPO / GRPO-RoC ablation (paper §5.3, Fig. 4 and 9): stage 1 again from the same SFT model for every
+# (mode, seed) pair of `ablation:`, all with the same budget (ablation.steps, held-out settings).
 rule rl_ablation:
     input:
         "results/sft/manifest.json",
@@ -91,7 +91,7 @@ rule rl_ablation:
         mode="grpo_roc|grpo",
         seed=r"\d+",
     params:
-        p=lambda wc: rl_params("stage1", wc.mode, wc.seed),
+        p=lambda wc: rl_params("stage1", (wc.mode, wc.seed)),
     conda:
         "../../envs/rstar2.yaml"
     log:

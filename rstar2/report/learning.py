@@ -1,0 +1,183 @@
+"""Learning curves and the GRPO vs GRPO-RoC ablation in the report (issue 9; paper §5.3, Figs. 4 and 9).
+
+Inputs are the RL stage folders' ``heldout.jsonl`` (held-out accuracy with its 95% interval at fixed steps,
+``rstar2.rl.heldout``) and ``metrics.jsonl`` (per-step reward, tool-error ratio of positive trajectories,
+response length), for the pipeline's own stages and for every ablation run ``{"mode", "seed", "dir"}``.
+
+- ``learning_curve.png``: held-out accuracy against RL step with 95% intervals, one line per stage;
+- ``ablation.png``: four panels (training reward, held-out accuracy, tool-error ratio among positive
+  trajectories, mean response length), one thin line per run and a thick line for each mode's mean over seeds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from .document import Figure, Heading, Para, Table
+from .inputs import iter_json_lines, num
+
+ABLATION_PANELS = [  # (title, metrics source, key)
+    ("training reward (mean per step, 5-step moving average)", "metrics", "reward_mean"),
+    ("held-out accuracy (95% CI)", "heldout", "accuracy"),
+    ("tool-error ratio, positive trajectories (paper Fig. 4)", "metrics", "tool_error_ratio_pos"),
+    ("mean response length, tokens (paper Fig. 9)", "metrics", "response_length_mean"),
+]
+
+
+def load_run(d: Path, notes: list[str]) -> dict:
+    """``{"metrics": [...], "heldout": [...]}`` of one RL folder (missing files give empty lists)."""
+    return {"metrics": list(iter_json_lines(d / "metrics.jsonl", notes)),
+            "heldout": list(iter_json_lines(d / "heldout.jsonl", notes))}
+
+
+def _moving_average(ys: list[float], w: int = 5) -> list[float]:
+    return [statistics.fmean(ys[max(0, i - w + 1):i + 1]) for i in range(len(ys))]
+
+
+def _series(run: dict, source: str, key: str) -> list[tuple[float, float]]:
+    pts = [(num(r.get("step")), num(r.get(key))) for r in run[source]]
+    pts = [(x, y) for x, y in pts if x is not None and y is not None]
+    if source == "metrics" and key == "reward_mean" and pts:
+        pts = list(zip([x for x, _ in pts], _moving_average([y for _, y in pts])))
+    return pts
+
+
+def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
+    """Held-out accuracy per evaluation step with its 95% interval, one line per RL stage."""
+    from .plots import _new_figure, _no_data, _save
+
+    fig = _new_figure(7, 4.5)
+    ax = fig.subplots()
+    drawn = False
+    for name, rows in heldout.items():
+        pts = [(num(r.get("step")), num(r.get("accuracy")), r.get("accuracy_ci") or [None, None]) for r in rows]
+        pts = [(x, y, ci) for x, y, ci in pts if x is not None and y is not None]
+        if not pts:
+            continue
+        xs, ys = [p[0] for p in pts], [100 * p[1] for p in pts]
+        lo = [100 * (num(p[2][0]) if num(p[2][0]) is not None else p[1]) for p in pts]
+        hi = [100 * (num(p[2][1]) if num(p[2][1]) is not None else p[1]) for p in pts]
+        ax.plot(xs, ys, "o-", label=name)
+        ax.fill_between(xs, lo, hi, alpha=0.2)
+        drawn = True
+    if not drawn:
+        _no_data(ax, "no held-out evaluation during RL")
+    else:
+        ax.set_xlabel("RL step (step 0 = the SFT model)")
+        ax.set_ylabel("held-out accuracy, % (95% CI)")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Held-out accuracy during RL")
+    _save(fig, path, dpi)
+
+
+def plot_ablation(runs: list[dict], path: Path, dpi: int) -> None:
+    """Four panels (:data:`ABLATION_PANELS`): each run thin, each mode's mean over its seeds thick."""
+    import matplotlib
+
+    from .plots import _new_figure, _no_data, _save
+
+    fig = _new_figure(13, 8)
+    axes = fig.subplots(2, 2).ravel()
+    modes = sorted({r["mode"] for r in runs})
+    colors = dict(zip(modes, matplotlib.colormaps["tab10"].colors))
+    for ax, (title, source, key) in zip(axes, ABLATION_PANELS):
+        ax.set_title(title, fontsize=10)
+        drawn = False
+        for mode in modes:
+            curves = [dict(_series(r, source, key)) for r in runs if r["mode"] == mode]
+            curves = [c for c in curves if c]
+            for r in (r for r in runs if r["mode"] == mode):
+                pts = _series(r, source, key)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[mode], lw=0.8, alpha=0.45,
+                            marker="." if source == "heldout" else None)
+            common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            if common:
+                ax.plot(common, [statistics.fmean(c[x] for c in curves) for x in common], color=colors[mode],
+                        lw=2.2, marker="o" if source == "heldout" else None,
+                        label=f"{mode} (mean of {len(curves)} seeds)")
+                drawn = True
+        if not drawn:
+            _no_data(ax)
+            continue
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("GRPO vs GRPO-RoC, same budget (thin: one seed; thick: mean over seeds)"
+                 + ("" if runs else " (no ablation runs)"))
+    _save(fig, path, dpi)
+
+
+def _fmt_pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def _ci_text(row: dict | None) -> str:
+    if not row or num(row.get("accuracy")) is None:
+        return "–"
+    lo, hi = (row.get("accuracy_ci") or [None, None])[:2]
+    ci = f" [{_fmt_pct(num(lo))}, {_fmt_pct(num(hi))}]" if num(lo) is not None and num(hi) is not None else ""
+    return f"{_fmt_pct(num(row['accuracy']))}{ci}"
+
+
+def _tail_mean(rows: list[dict], key: str, n: int = 10):
+    vals = [v for v in (num(r.get(key)) for r in rows[-n:]) if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def learning_section(heldout: dict[str, list[dict]]) -> list:
+    """A table of every held-out evaluation (step, n, accuracy with CI, tool use) per stage, and the figure."""
+    blocks: list = [Heading("Held-out accuracy during RL")]
+    rows = []
+    for name, hs in heldout.items():
+        for r in hs:
+            rows.append([name, str(r.get("step")), str(r.get("n_problems")), _ci_text(r),
+                         _fmt_pct(num(r.get("tool_use_ratio"))), _fmt_pct(num(r.get("tool_ok_ratio"))),
+                         f"{num(r.get('response_length_mean')) or 0:.0f}"])
+    if not rows:
+        return blocks + [Para("No held-out evaluation ran during RL (rl.heldout.benchmark is null).")]
+    blocks.append(Table(["stage", "step", "problems", "accuracy % [95% CI]", "trajectories calling the tool %",
+                         "tool calls that ran cleanly %", "mean response tokens"], rows,
+                        caption="Step 0 is the model the stage starts from. CIs are 95% bootstrap intervals over "
+                                "problems."))
+    return blocks + [Figure("learning_curve.png", "Held-out accuracy during RL, 95% CI")]
+
+
+def ablation_section(runs: list[dict]) -> list:
+    """One row per ablation run and one per mode (means over seeds), and the ablation figure."""
+    blocks: list = [Heading("Ablation: GRPO vs GRPO-RoC (same budget)")]
+    if not runs:
+        return blocks + [Para("No ablation runs configured (see configs/cpu-ablation.yaml).")]
+    rows, by_mode = [], {}
+    for r in sorted(runs, key=lambda r: (r["mode"], r["seed"])):
+        h, m = r["heldout"], r["metrics"]
+        stats = {"first": num(h[0].get("accuracy")) if h else None, "last": num(h[-1].get("accuracy")) if h else None,
+                 "reward": _tail_mean(m, "reward_mean"), "err": _tail_mean(m, "tool_error_ratio_pos"),
+                 "len": _tail_mean(m, "response_length_mean"),
+                 "wall": sum(v for v in (num(x.get("step_time_s")) for x in m) if v is not None) or None}
+        by_mode.setdefault(r["mode"], []).append(stats)
+        rows.append([r["mode"], str(r["seed"]), str(len(m)), _ci_text(h[0] if h else None),
+                     _ci_text(h[-1] if h else None), _fmt_pct(stats["reward"]), _fmt_pct(stats["err"]),
+                     "–" if stats["len"] is None else f"{stats['len']:.0f}",
+                     "–" if stats["wall"] is None else f"{stats['wall'] / 60:.1f}"])
+
+    def mean(vals):
+        vals = [v for v in vals if v is not None]
+        return statistics.fmean(vals) if vals else None
+    for mode, ss in sorted(by_mode.items()):
+        rows.append([f"**{mode} mean**", f"{len(ss)} seeds", "", _fmt_pct(mean(s["first"] for s in ss)),
+                     _fmt_pct(mean(s["last"] for s in ss)), _fmt_pct(mean(s["reward"] for s in ss)),
+                     _fmt_pct(mean(s["err"] for s in ss)),
+                     "–" if mean(s["len"] for s in ss) is None else f"{mean(s['len'] for s in ss):.0f}",
+                     "–" if mean(s["wall"] for s in ss) is None else f"{mean(s['wall'] for s in ss) / 60:.1f}"])
+    blocks.append(Table(["mode", "seed", "steps", "held-out acc. % at start", "held-out acc. % at end",
+                         "reward % (last 10 steps)", "tool-error ratio of positives % (last 10)",
+                         "response tokens (last 10)", "RL wall time (min)"], rows,
+                        caption="Same SFT model, data order, steps, prompts per step and kept group size G for every "
+                                "run; grpo_roc draws 2G rollouts per prompt and keeps G, grpo draws G. Reported as "
+                                "measured, with no tuning per mode."))
+    return blocks + [Figure("ablation.png", "GRPO vs GRPO-RoC: reward, held-out accuracy, tool errors of "
+                                            "positives, response length")]
