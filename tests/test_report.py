@@ -9,7 +9,7 @@ from rstar2.report import plots
 from rstar2.stages import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FIGURES = ("training_curves.png", "funnel.png", "eval.png")
+FIGURES = ("training_curves.png", "funnel.png", "eval.png", "learning_curve.png", "ablation.png")
 PAGES = ("summary.md", "summary.html", "trajectories.md", "trajectories.html")
 
 
@@ -300,3 +300,39 @@ def test_unparsed_or_cut_tool_call_stays_visible_in_trajectory_pages():
     assert any("Compute.[tool call: code below]" in t for t in texts)
     assert any("print(2**10" in t and "Let me check." in t for t in texts)
     assert any('"code": oops' in t for t in texts)
+
+
+def _heldout_rows(accs, n=100):
+    return [{"step": 10 * i, "n_problems": n, "k": 1, "accuracy": a, "accuracy_ci": [max(0, a - 0.09), a + 0.09],
+             "tool_use_ratio": 0.8, "tool_ok_ratio": 0.5 + 0.1 * i, "response_length_mean": 150}
+            for i, a in enumerate(accs)]
+
+
+def test_report_learning_curve_and_ablation(tmp_path):
+    rl = tmp_path / "rl" / "stage1"
+    _write_jsonl(rl / "metrics.jsonl", [_metrics_row(s, 0.2 + 0.02 * s) for s in range(1, 21)])
+    _write_jsonl(rl / "heldout.jsonl", _heldout_rows([0.12, 0.30, 0.45]))
+    runs = []
+    for mode, seed, err in [("grpo_roc", 0, 0.1), ("grpo_roc", 1, 0.12), ("grpo", 0, 0.3), ("grpo", 1, 0.34)]:
+        d = tmp_path / "ablation" / f"{mode}-seed{seed}"
+        _write_jsonl(d / "metrics.jsonl", [_metrics_row(s, 0.3, tool_error_ratio_pos=err) for s in range(1, 9)])
+        _write_jsonl(d / "heldout.jsonl", _heldout_rows([0.1, 0.2 + seed / 10], n=50)[:1]
+                     + [{**_heldout_rows([0.1, 0.2 + seed / 10], n=50)[1], "step": 8}])
+        runs.append({"mode": mode, "seed": seed, "dir": str(d)})
+    out = tmp_path / "report"
+    report.run({}, {"rl_stages": {"stage1": str(rl)}, "ablation": runs}, str(out))
+    md, manifest = _check_outputs(out)
+    assert manifest["counts"]["ablation_runs"] == 4
+    # held-out table: one row per evaluation, accuracy with its interval in percent
+    assert "| stage1 | 20 | 100 | 45.0 [36.0, 54.0] |" in md
+    # ablation rows per run and per mode; mode means over seeds (tool-error ratio of positives 0.32 for grpo)
+    assert "| grpo | 1 | 8 | 10.0 [1.0, 19.0] | 30.0 [21.0, 39.0] |" in md
+    grpo_mean = next(line for line in md.splitlines() if line.startswith("| **grpo mean**"))
+    assert "| 32.0 |" in grpo_mean and "| 25.0 |" in grpo_mean  # err 32 %, end accuracy mean (20+30)/2
+
+
+def test_report_without_heldout_or_ablation_says_so(tmp_path):
+    out = tmp_path / "report"
+    report.run({}, {}, str(out))
+    md, _ = _check_outputs(out)
+    assert "No held-out evaluation ran during RL" in md and "No ablation runs configured" in md

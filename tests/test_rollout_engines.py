@@ -61,6 +61,27 @@ def test_hf_engine_batches_concurrent_requests_and_cuts_rows(qwen_tokenizer):
     assert outs[4].finish_reason == "length" and len(outs[4].token_ids) == 5
 
 
+@pytest.mark.parametrize("max_linger_s, expected", [(0.5, [4]), (0.0, [1, 1, 1, 1])])
+def test_hf_engine_lingers_while_requests_keep_arriving(qwen_tokenizer, max_linger_s, expected):
+    """Requests that arrive a few ms apart (the next turns coming back from their tool calls) share one batch
+    when the engine keeps lingering while they arrive; without it the first one starts a batch alone."""
+    tok = qwen_tokenizer
+    model = BatchScriptedModel(_turns(tok))
+    eng = HFEngine(model, tok, temperature=0, max_batch=8, linger_s=0.02, max_linger_s=max_linger_s)
+    prompt = tok.encode("hello", add_special_tokens=False)
+
+    async def staggered(i):
+        await asyncio.sleep(0.01 * i)
+        return await eng.generate(prompt, 50)
+
+    async def main():
+        outs = await asyncio.gather(*(staggered(i) for i in range(4)))
+        await eng.aclose()
+        return outs
+    outs = asyncio.run(main())
+    assert model.batch_sizes == expected and len(outs) == 4
+
+
 def test_hf_engine_rollouts_balanced_and_static_agree(qwen_tokenizer):
     tok = qwen_tokenizer
     problems = [{"id": f"p{i}", "problem": "What is 6 times 7?", "answer": "42"} for i in range(5)]

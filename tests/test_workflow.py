@@ -71,6 +71,25 @@ def test_dry_run_lists_every_stage(workdir):
                     "rl_stage2": 1, "hard_problems": 1, "rl_stage3": 1, "evaluate": 5, "report": 1, "all": 1}
 
 
+def test_learning_and_ablation_configs_plan_stage1_only_and_every_run(workdir):
+    jobs = planned_jobs(workdir, "configs/cpu-learning.yaml")
+    assert jobs == {"base_model": 1, "sft_data": 1, "sft": 1, "rl_candidates": 1, "rl_data": 1, "rl_stage1": 1,
+                    "report": 1, "all": 1}
+    jobs = planned_jobs(workdir, "configs/cpu-learning.yaml", "configs/cpu-ablation.yaml")
+    assert jobs["rl_ablation"] == 4 and "rl_stage2" not in jobs and "hard_problems" not in jobs
+
+
+def test_rl_stages_must_be_enabled_in_order_and_evaluated_models_trained(workdir, tmp_path):
+    gap = tmp_path / "gap.yaml"
+    gap.write_text("rl: {stages: {stage2: null}}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(gap), check=False)
+    assert proc.returncode != 0 and "rl.stages must enable stage1, stage1-2 or stage1-3" in proc.stderr + proc.stdout
+    untrained = tmp_path / "untrained.yaml"
+    untrained.write_text("rl: {stages: {stage3: null}}\n")   # evaluate.models still names rl_stage3
+    proc = smk(workdir, "-n", "--configfile", TINY, str(untrained), check=False)
+    assert proc.returncode != 0 and "evaluate.models names 'rl_stage3'" in proc.stderr + proc.stdout
+
+
 def test_label_verification_schedules_its_verifier_model(workdir, tmp_path):
     on = tmp_path / "lv.yaml"
     on.write_text("label_verification: {enabled: true, model: {source: tiny_qwen3}}\n")

@@ -1,0 +1,101 @@
+"""The bundled learning task (issue 9): the arithmetic generator and its bundled files, the string tool-use SFT
+source, and the held-out summary used during RL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rstar2 import chat
+from rstar2.data import arith_task, string_tools
+from rstar2.rl.heldout import heldout_summary
+from rstar2.rollout import Trajectory
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _read(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_bundled_files_equal_a_fresh_generation():
+    train, heldout = arith_task.generate()
+    assert _read(REPO / "data/learning/train.jsonl") == train
+    assert _read(REPO / "data/learning/heldout.jsonl") == heldout
+
+
+def test_split_is_disjoint_balanced_and_answers_are_right():
+    train, heldout = arith_task.generate(400, 100, seed=3)
+    assert len(train) == 400 and len(heldout) == 100
+    assert not {r["problem"] for r in train} & {r["problem"] for r in heldout}
+    assert {k: sum(r["kind"] == k for r in heldout) for k in arith_task.KINDS} == dict.fromkeys(arith_task.KINDS, 25)
+    for r in train + heldout:
+        if r["kind"] == "bare":  # a bare expression is its own check
+            assert str(eval(r["problem"])) == r["answer"]
+        assert int(r["answer"]) == int(r["answer"])
+    # the held-out set does not depend on the train size
+    assert arith_task.generate(10, 100, seed=3)[1] == heldout
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        arith_task.generate(-1, 5)
+
+
+def test_word_problem_answers():
+    probs = [r for r in arith_task.generate(200, 0, seed=1)[0] if r["kind"] == "word"]
+    for r in probs:
+        nums = [int(x) for x in __import__("re").findall(r"\d+", r["problem"])]
+        if r["problem"].startswith("Each"):
+            assert int(r["answer"]) == nums[0] * nums[1]
+        elif "gives away" in r["problem"]:
+            assert int(r["answer"]) == nums[0] - nums[1]
+        elif "train" in r["problem"]:
+            assert int(r["answer"]) == nums[0] * nums[1]
+        else:  # count, price, paid
+            assert int(r["answer"]) == nums[2] - nums[0] * nums[1]
+
+
+def test_string_tasks_use_no_arithmetic_and_are_deterministic():
+    tasks = string_tools.generate(300, seed=0)
+    assert tasks == string_tools.generate(300, seed=0) and tasks != string_tools.generate(300, seed=1)
+    assert len({t["question"] for t in tasks}) == 300
+    assert any(t["stdin"] for t in tasks) and any(not t["stdin"] for t in tasks)
+    for t in tasks:
+        assert not any(op in t["code"] for op in (" + ", " - ", " * ", " / ", "**", "//", "%")), t["code"]
+        assert not any(ch.isdigit() for ch in t["question"]), t["question"]
+
+
+def test_string_tools_source_runs_the_code_and_boxes_the_output(tmp_path):
+    from rstar2.stages import sft_data
+
+    sft_data.run({"glaive": None, "toolformer": None, "alpaca": None, "string_tools": {"n": 12}, "seed": 0},
+                 str(tmp_path))
+    rows = _read(tmp_path / "train.jsonl")
+    stats = json.loads((tmp_path / "stats.json").read_text())["sources"]["string_tools"]
+    assert len(rows) == 12 and stats["rows_out"] == 12 and stats["sandbox"]["status"] == {"ok": 12}
+    expected = {t["id"]: t for t in string_tools.generate(12, 0)}
+    for r in rows:
+        system, user, call, tool, answer = r["messages"]
+        t = expected[r["id"]]
+        assert user["content"] == chat.user_message(t["question"])          # the RL prompt, not a bare request
+        assert chat.tool_call_text(t["code"], t["stdin"]) in call["content"]
+        assert tool["content"] == t["expected"]                             # what the sandbox printed
+        assert answer["content"].endswith(f"<answer>\\boxed{{{t['expected']}}}</answer>")
+
+
+def _traj(reward, calls=(), resp=10, finish="answer"):
+    t = Trajectory(problem_id="p", question="q", gold="1", prompt_ids=[1], response_ids=[2] * resp,
+                   response_mask=[1] * resp, finish_reason=finish,
+                   turns=[{"text": "", "tool_calls": [{"status": s} for s in calls]}])
+    t.reward = reward
+    return t
+
+
+def test_heldout_summary():
+    trajs = [_traj(1.0, ["ok"]), _traj(0.0, ["error", "ok"]), _traj(1.0), _traj(0.0, ["timeout"], finish="budget")]
+    s = heldout_summary(trajs, k=2)   # problems: [1, 0] and [1, 0]
+    assert s["n_problems"] == 2 and s["accuracy"] == 0.5 and s["pass_at_k"] == 1.0
+    assert s["tool_ok_ratio"] == 0.5 and s["tool_use_ratio"] == 0.75 and s["tool_calls_per_traj"] == 1.0
+    assert s["truncation_ratio"] == 0.25
+    with pytest.raises(ValueError, match="multiple of k=3"):
+        heldout_summary(trajs, k=3)
