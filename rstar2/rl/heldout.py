@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ..io import append_jsonl
+from ..memory import release_freed_memory
 
 
 def heldout_summary(trajs: list, k: int) -> dict:
@@ -82,6 +83,7 @@ def make_heldout_callback(problems: list[dict], answer_type: str, rcfg, every: i
                     model, tok, [{"id": p["id"], "problem": p["problem"]} for p in problems for _ in range(k)],
                     rcfg, progress=rollout.Progress(f"held-out eval at step {step}", unit="trajectories"))
             model.train(was_training)
+            release_freed_memory()
             score(trajs, [p["answer"] for p in problems for _ in range(k)], [answer_type] * len(trajs))
             row = {"step": step, **heldout_summary(trajs, k), "wall_s": round(time.time() - t0, 1)}
             append_jsonl(out / "heldout.jsonl", row)

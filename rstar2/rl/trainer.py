@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import rollout as rollout_lib
+from ..memory import release_freed_memory
 from ..io import append_jsonl, write_json
 from . import roc
 
@@ -341,6 +342,7 @@ class RolloutFunc:
         trajs = rollout_lib.run_rollouts(model, tok, problems, self.rcfg,
                                          progress=rollout_lib.Progress(f"rollout step {self.step}"), **kw)
         model.train()
+        release_freed_memory()
         groups = [trajs[i:i + self.n_draw] for i in range(0, len(trajs), self.n_draw)]
         penalties = [[trajectory_penalties(t, tok, self.penalty) for t in g] for g in groups]
         results = select(groups, penalties, self.G, self.mode, self.positive_selection, self.penalty.eps, self.rng)
@@ -550,6 +552,9 @@ def make_metrics_callback(rollout_fn: RolloutFunc, path: str, tensorboard_dir: s
                   f"{fmt(row['tool_calls_per_traj'], '.2f')} length {fmt(row['response_length_mean'], '.0f')} "
                   f"loss {fmt(row['loss'], '.4f')}{' [update skipped]' if skipped else ''} "
                   f"({row['step_time_s']}s)", flush=True)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            release_freed_memory()  # the step's activations and gradients, freed in the trainer's arena
 
         def replay(self, rows: list[dict]) -> None:
             """Re-emit earlier rows to TensorBoard (a resumed stage rewrites its event files)."""
