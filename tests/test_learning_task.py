@@ -99,3 +99,18 @@ def test_heldout_summary():
     assert s["truncation_ratio"] == 0.25
     with pytest.raises(ValueError, match="multiple of k=3"):
         heldout_summary(trajs, k=3)
+
+
+def test_arith_task_cli_takes_options(tmp_path):
+    arith_task.main([str(tmp_path / "t"), "--train", "8", "--heldout", "4", "--seed", "2"])
+    assert _read(tmp_path / "t" / "heldout.jsonl") == arith_task.generate(8, 4, 2)[1]
+    with pytest.raises(SystemExit):
+        arith_task.main(["--help"])
+    assert not (Path.cwd() / "--help").exists()
+
+
+def test_sft_data_with_no_rows_says_so(tmp_path):
+    from rstar2.stages import sft_data
+
+    with pytest.raises(ValueError, match="no conversations"):
+        sft_data.run({"glaive": None, "toolformer": None, "alpaca": None, "string_tools": {"n": 0}}, str(tmp_path))

@@ -335,4 +335,4 @@ def test_report_without_heldout_or_ablation_says_so(tmp_path):
     out = tmp_path / "report"
     report.run({}, {}, str(out))
     md, _ = _check_outputs(out)
-    assert "No held-out evaluation ran during RL" in md and "No ablation runs configured" in md
+    assert "No held-out evaluation during RL was found" in md and "No ablation runs configured" in md

@@ -164,6 +164,12 @@ def test_deleted_stage2_reruns_stage2_and_dependents_only(workdir):
     perf.write_text(text + "\nsandbox: {batch_size: 32, slots: 8, batch_timeout_s: 0.01}\n")
     assert planned_jobs(workdir, str(perf)) == {}
 
+    # A benchmark that curation does not decontaminate against is none of rl_data's business.
+    extra = workdir / "configs/tiny_extra_bench.yaml"
+    extra.write_text(text + "\nbenchmarks:\n  more: {path: data/eval/amc23/test.jsonl, fields: {problem: problem, "
+                            "answer: answer, id: id}, answer_type: integer}\n")
+    assert planned_jobs(workdir, str(extra)) == {}
+
 
 @pytest.mark.slow
 def test_html_report_in_headless_chromium(workdir, tmp_path):

@@ -8,8 +8,8 @@ easiest to hardest for a model that has only learned the tool format:
 * ``bare``     - the problem is just an expression: ``"347 * 28"``;
 * ``one_step`` - one operation in words: ``"What is the product of 347 and 28?"``;
 * ``two_step`` - a parenthesised two-operation expression: ``"Compute (45 + 38) * 12."``;
-* ``word``     - a short word problem, one or two operations: ``"A crate holds 24 bottles. How many bottles
-  are in 17 crates?"``.
+* ``word``     - a short word problem, one or two operations: ``"Each crate holds 24 bottles. How many bottles
+  are in 17 of them?"``.
 
 Every answer is an integer (divisions are exact). Rows: ``{"id", "problem", "answer", "kind"}``; ``answer`` is
 the integer as a string, as in the other RL sources. :func:`generate` is deterministic given its seed;
@@ -120,11 +120,20 @@ def generate(n_train: int = 2000, n_heldout: int = 200, seed: int = 0) -> tuple[
 
 
 def main(argv: list[str]) -> None:
+    import argparse
+
     from ..io import write_jsonl
 
-    out = Path(argv[0] if argv else "data/learning")
+    ap = argparse.ArgumentParser(prog="python -m rstar2.data.arith_task",
+                                 description="Write train.jsonl and heldout.jsonl of the arithmetic learning task.")
+    ap.add_argument("out_dir", nargs="?", default="data/learning")
+    ap.add_argument("--train", type=int, default=2000)
+    ap.add_argument("--heldout", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train, heldout = generate()
+    train, heldout = generate(a.train, a.heldout, a.seed)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "heldout.jsonl", heldout)
     print(f"wrote {len(train)} train and {len(heldout)} held-out problems to {out}")

@@ -19,7 +19,7 @@ from .inputs import iter_json_lines, num
 
 ABLATION_PANELS = [  # (title, metrics source, key)
     ("training reward (mean per step, 5-step moving average)", "metrics", "reward_mean"),
-    ("held-out accuracy (95% CI)", "heldout", "accuracy"),
+    ("held-out accuracy, %", "heldout", "accuracy"),
     ("tool-error ratio, positive trajectories (paper Fig. 4)", "metrics", "tool_error_ratio_pos"),
     ("mean response length, tokens (paper Fig. 9)", "metrics", "response_length_mean"),
 ]
@@ -40,6 +40,8 @@ def _series(run: dict, source: str, key: str) -> list[tuple[float, float]]:
     pts = [(x, y) for x, y in pts if x is not None and y is not None]
     if source == "metrics" and key == "reward_mean" and pts:
         pts = list(zip([x for x, _ in pts], _moving_average([y for _, y in pts])))
+    if source == "heldout":  # percent, as in learning_curve.png and the tables
+        pts = [(x, 100 * y) for x, y in pts]
     return pts
 
 
@@ -98,7 +100,7 @@ def plot_ablation(runs: list[dict], path: Path, dpi: int) -> None:
             if common:
                 ax.plot(common, [statistics.fmean(c[x] for c in curves) for x in common], color=colors[mode],
                         lw=2.2, marker="o" if source == "heldout" else None,
-                        label=f"{mode} (mean of {len(curves)} seeds)")
+                        label=f"{mode} (mean of {len(curves)} seed{'s' if len(curves) > 1 else ''})")
                 drawn = True
         if not drawn:
             _no_data(ax)
@@ -134,11 +136,13 @@ def learning_section(heldout: dict[str, list[dict]]) -> list:
     rows = []
     for name, hs in heldout.items():
         for r in hs:
-            rows.append([name, str(r.get("step")), str(r.get("n_problems")), _ci_text(r),
+            length = num(r.get("response_length_mean"))
+            rows.append([name, str(r.get("step", "–")), str(r.get("n_problems") or "–"), _ci_text(r),
                          _fmt_pct(num(r.get("tool_use_ratio"))), _fmt_pct(num(r.get("tool_ok_ratio"))),
-                         f"{num(r.get('response_length_mean')) or 0:.0f}"])
+                         "–" if length is None else f"{length:.0f}"])
     if not rows:
-        return blocks + [Para("No held-out evaluation ran during RL (rl.heldout.benchmark is null).")]
+        return blocks + [Para("No held-out evaluation during RL was found (no heldout.jsonl in the RL stage folders; "
+                              "set rl.heldout.benchmark to run one).")]
     blocks.append(Table(["stage", "step", "problems", "accuracy % [95% CI]", "trajectories calling the tool %",
                          "tool calls that ran cleanly %", "mean response tokens"], rows,
                         caption="Step 0 is the model the stage starts from. CIs are 95% bootstrap intervals over "
@@ -154,6 +158,9 @@ def ablation_section(runs: list[dict]) -> list:
     rows, by_mode = [], {}
     for r in sorted(runs, key=lambda r: (r["mode"], r["seed"])):
         h, m = r["heldout"], r["metrics"]
+        if not m:  # a run that has not logged a step yet is listed but not averaged in
+            rows.append([r["mode"], str(r["seed"]), "0", "no data", "–", "–", "–", "–", "–"])
+            continue
         stats = {"first": num(h[0].get("accuracy")) if h else None, "last": num(h[-1].get("accuracy")) if h else None,
                  "reward": _tail_mean(m, "reward_mean"), "err": _tail_mean(m, "tool_error_ratio_pos"),
                  "len": _tail_mean(m, "response_length_mean"),

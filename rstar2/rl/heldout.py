@@ -77,7 +77,7 @@ def make_heldout_callback(problems: list[dict], answer_type: str, rcfg, every: i
 
             t0 = time.time()
             was_training = model.training
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
                 torch.manual_seed(seed * 1_000_003 + step)
                 trajs = rollout.run_rollouts(
                     model, tok, [{"id": p["id"], "problem": p["problem"]} for p in problems for _ in range(k)],

@@ -52,16 +52,25 @@ def grpo_config(params: dict, output_dir: str, seed: int, num_processes: int = 1
     )
 
 
-def _heldout_callbacks(params: dict, seed: int, out: Path, is_main: bool) -> list:
-    """The held-out evaluation callback when ``params["heldout"]`` names a benchmark, else none."""
+def _heldout_problems(params: dict) -> list[dict] | None:
+    """The held-out benchmark's problems when ``params["heldout"]`` names one (data errors name file and row)."""
     ho = params.get("heldout") or {}
     if not ho.get("benchmark"):
+        return None
+    from ..data.benchmarks import load_benchmark
+
+    return load_benchmark(ho["benchmark"], ho["spec"])[: ho.get("limit") or None]
+
+
+def _heldout_callbacks(params: dict, problems: list[dict] | None, seed: int, out: Path, is_main: bool) -> list:
+    """The held-out evaluation callback when a held-out benchmark is configured, else none."""
+    if problems is None:
         return []
-    from ..data.benchmarks import answer_type, load_benchmark
+    from ..data.benchmarks import answer_type
     from ..rl.heldout import make_heldout_callback
 
-    name, spec = ho["benchmark"], ho["spec"]
-    problems = load_benchmark(name, spec)[: ho.get("limit") or None]
+    ho = params["heldout"]
+    spec = ho["spec"]
     rcfg = rollout_config({**params, "rollout": {**params["rollout"], "temperature": ho["temperature"],
                                                  "top_p": ho["top_p"], "batch_size": ho.get("batch_size", 32)}})
     return [make_heldout_callback(problems, answer_type(spec).name, rcfg, ho["every"], ho["k"], seed, str(out),
@@ -104,8 +113,10 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     if P % ps.num_processes:
         raise ValueError(f"rl.prompts_per_step={P} must be a multiple of the number of training processes "
                          f"({ps.num_processes}): each process rolls out whole groups")
+    heldout = _heldout_problems(params)  # a bad held-out file fails here, before any checkpoint or log is touched
     ckpt_root = checkpoints.checkpoint_root(out)
-    fp = checkpoints.fingerprint(params, model_dir, data_path)
+    # held-out settings are measurement, not training: changing them resumes from the checkpoints
+    fp = checkpoints.fingerprint({k: v for k, v in params.items() if k != "heldout"}, model_dir, data_path)
     with ps.main_process_first():  # the main process clears a stale folder; the others then find it ready
         resume = checkpoints.prepare(ckpt_root, fp)
     resume_step = read_state(resume)["step"] if resume else 0
@@ -137,7 +148,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     callback = make_metrics_callback(rollout_fn, str(out / "metrics.jsonl"), str(out / "tensorboard"))
     if resume and ps.is_main_process:
         callback.replay(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else [])
-    callbacks = [callback] + _heldout_callbacks(params, seed, out, ps.is_main_process)
+    callbacks = [callback] + _heldout_callbacks(params, heldout, seed, out, ps.is_main_process)
     trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
                                    processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)

@@ -689,6 +689,9 @@ def run(params: dict, out_dir: str) -> None:
         rows_all += rows
         print(f"[sft_data] {name}: {st['rows_in']} in -> {st['rows_out']} out, dropped {st['dropped']}",
               file=sys.stderr)
+    if not rows_all:
+        raise ValueError("sft_data: no conversations: every source is null, has limit 0 or n 0, or lost all its rows "
+                         f"(per source: { {k: v.get('skipped') or v.get('dropped') for k, v in stats['sources'].items()} })")
     for r in rows_all:
         _check_row(r)
     random.Random(seed).shuffle(rows_all)

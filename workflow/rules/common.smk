@@ -112,7 +112,10 @@ def benchmark_files():
 
 
 def rl_data_params():
-    return as_json({**config["rl_data"], "benchmarks": config["benchmarks"], "seed": config["seed"]})
+    # only the benchmarks it decontaminates against: adding an evaluation benchmark must not rerun curation
+    rl = config["rl_data"]
+    return as_json({**rl, "benchmarks": {b: config["benchmarks"][b] for b in rl["decontaminate_against"]},
+                    "seed": config["seed"]})
 
 
 def verifier_model_params():
