@@ -122,8 +122,10 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     resume_step = read_state(resume)["step"] if resume else 0
     if ps.is_main_process:
         for log in ("metrics.jsonl", "rollouts.jsonl", "heldout.jsonl", "heldout_problems.jsonl"):
-            # keep exactly the steps the checkpoint contains
-            checkpoints.truncate_log(out / log, resume_step)
+            if resume:  # keep exactly the steps the checkpoint contains
+                checkpoints.truncate_log(out / log, resume_step)
+            else:       # a fresh start (held-out rows of step 0 would otherwise survive from an earlier run)
+                (out / log).unlink(missing_ok=True)
         shutil.rmtree(out / "tensorboard", ignore_errors=True)  # rewritten from metrics.jsonl below on resume
     ps.wait_for_everyone()
 
