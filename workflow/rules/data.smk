@@ -58,7 +58,7 @@ rule rl_data:
         "benchmarks/rl_data.tsv"
     threads: 2
     resources:
-        **job_resources("generate" if config["label_verification"]["enabled"] else "default"),
+        **job_resources("generate"),
     shell:
         "rstar2 label-verification --params {params.p:q} --data results/rl_candidates/train.jsonl"
         " --funnel results/rl_candidates/funnel.json {params.model} --out results/rl_data 2>&1 | tee {log}"
