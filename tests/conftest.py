@@ -31,3 +31,17 @@ def kill_group_when(proc, ready, timeout_s: float, ended_msg: str, late_msg: str
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def write_tiny_rl_inputs(root, n_problems: int):
+    """A tiny random Qwen3 model in ``root/model`` and ``n_problems`` addition problems in ``root/train.jsonl``
+    (the inputs of the RL stage tests)."""
+    import json
+
+    from rstar2 import models
+
+    models.materialise({"source": "tiny_qwen3", "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 4}},
+                       root / "model")
+    with open(root / "train.jsonl", "w") as f:
+        for i in range(n_problems):
+            f.write(json.dumps({"id": f"p{i}", "problem": f"What is {i} plus {i}?", "answer": str(2 * i)}) + "\n")

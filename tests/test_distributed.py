@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import write_tiny_rl_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 ACCEL_CFG = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
@@ -105,14 +106,8 @@ def _rows(path):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from rstar2 import models
-
     root = tmp_path_factory.mktemp("dist")
-    models.materialise({"source": "tiny_qwen3", "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 4}},
-                       root / "model")
-    with open(root / "train.jsonl", "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"id": f"p{i}", "problem": f"What is {i} plus {i}?", "answer": str(2 * i)}) + "\n")
+    write_tiny_rl_inputs(root, 8)
     return root
 
 

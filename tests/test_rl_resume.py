@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import write_tiny_rl_inputs
 from conftest import kill_group_when
 import torch
 
@@ -49,14 +50,8 @@ RUNNER = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from rstar2 import models
-
     root = tmp_path_factory.mktemp("resume")
-    models.materialise({"source": "tiny_qwen3", "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 4}},
-                       root / "model")
-    with open(root / "train.jsonl", "w") as f:
-        for i in range(10):
-            f.write(json.dumps({"id": f"p{i}", "problem": f"What is {i} plus {i}?", "answer": str(2 * i)}) + "\n")
+    write_tiny_rl_inputs(root, 10)
     (root / "runner.py").write_text(RUNNER)
     params = {"name": "rl_stage1", "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2,
               "oversample": 2, "prompts_per_step": 1, "learning_rate": 1e-2, "warmup_steps": 2, "clip_low": 0.2,
