@@ -122,7 +122,10 @@ class BatchingEngine:
 
 
 class HFEngine(BatchingEngine):
-    """transformers ``generate`` on left-padded batches (CPU or GPU).
+    """A transformers model on left-padded batches (CPU or GPU).
+
+    A ``PreTrainedModel`` is decoded by ``hf_decode.decode_shrinking``, which drops each row from the batch when
+    it finishes (its stop token or its own token limit); anything else is driven through its ``generate``.
 
     Args:
         model: a causal LM (or anything with ``generate(input_ids, attention_mask, max_new_tokens, ...)``).
@@ -141,21 +144,33 @@ class HFEngine(BatchingEngine):
 
     def _generate_batch(self, requests):
         import torch
+        from transformers import PreTrainedModel
+
+        from .hf_decode import decode_shrinking
 
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
+        device = getattr(self.model, "device", torch.device("cpu"))
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            if isinstance(self.model, PreTrainedModel):
+                new = decode_shrinking(self.model, [ids for ids, _ in requests], [n for _, n in requests],
+                                       self.tok.eos_token_id, pad, self.temperature, self.top_p)
+            else:  # anything else that only offers generate() (scripted stand-ins in tests)
+                new = self._generate_padded(requests, pad)
+        return [cut_at_stop(row, {self.tok.eos_token_id}, n, pad) for row, (_, n) in zip(new, requests)]
+
+    def _generate_padded(self, requests, pad):
+        import torch
+
         width = max(len(ids) for ids, _ in requests)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in requests])
         attn = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in requests])
         sample = self.temperature > 0
-        device = getattr(self.model, "device", torch.device("cpu"))
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-            out = self.model.generate(input_ids=input_ids, attention_mask=attn,
-                                      max_new_tokens=max(n for _, n in requests), do_sample=sample,
-                                      temperature=self.temperature if sample else None,
-                                      top_p=self.top_p if sample else None, top_k=None,
-                                      eos_token_id=self.tok.eos_token_id, pad_token_id=pad)
-        new = out[:, width:].tolist()
-        return [cut_at_stop(row, {self.tok.eos_token_id}, n, pad) for row, (_, n) in zip(new, requests)]
+        out = self.model.generate(input_ids=input_ids, attention_mask=attn,
+                                  max_new_tokens=max(n for _, n in requests), do_sample=sample,
+                                  temperature=self.temperature if sample else None,
+                                  top_p=self.top_p if sample else None, top_k=None,
+                                  eos_token_id=self.tok.eos_token_id, pad_token_id=pad)
+        return out[:, width:].tolist()
 
 
 class VLLMEngine(BatchingEngine):

@@ -1,0 +1,62 @@
+"""hf_decode: the shrinking-batch sampler gives generate()'s tokens and honours each row's own limit."""
+
+import torch
+
+from rstar2.models import tiny_qwen3
+from rstar2.rollout.hf_decode import decode_shrinking, sample_next
+
+
+def _model():
+    model, tok = tiny_qwen3(hidden_size=32, num_layers=2, num_heads=4, seed=3)
+    return model.double().eval(), tok   # float64: batch composition cannot flip a greedy argmax
+
+
+def _generate_alone(model, prompt, n, stop):
+    out = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, eos_token_id=stop, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_greedy_rows_equal_generate_on_each_prompt_alone():
+    model, tok = _model()
+    prompts = [tok.encode(t) for t in ("What is 6 times 7?", "Hi", "Compute the sum of the first ten primes.")]
+    limits = [12, 5, 30]
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    got = decode_shrinking(model, prompts, limits, stop, pad_id=0, temperature=0, top_p=1.0)
+    want = [_generate_alone(model, p, n, stop) for p, n in zip(prompts, limits)]
+    assert got == want
+
+
+def test_a_row_leaves_the_batch_at_its_stop_token():
+    """Row 1 is forced to stop at once (its logits favour the stop token); the others go on to their limits."""
+    model, tok = _model()
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    batch_sizes = []
+    forward = model.forward
+
+    def spy(*a, **kw):
+        out = forward(*a, **kw)
+        ids = kw["input_ids"]
+        batch_sizes.append(len(ids))
+        forced_stop = out.logits[1, -1].clone().fill_(-1e9)
+        forced_stop[stop] = 0.0
+        out.logits[..., stop] = -1e9       # nobody stops on their own
+        if len(batch_sizes) == 1:          # prefill: row 1 samples the stop token
+            out.logits[1, -1] = forced_stop
+        return out
+    model.forward = spy
+    got = decode_shrinking(model, [tok.encode("a b c"), tok.encode("d"), tok.encode("e f")], [4, 4, 4], stop, 0, 0, 1.0)
+    assert got[1] == [stop]
+    assert len(got[0]) == len(got[2]) == 4
+    assert batch_sizes == [3, 2, 2, 2]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    torch.manual_seed(0)
+    seen = {int(sample_next(logits, 1.0, 0.8)) for _ in range(300)}
+    assert seen == {0, 1}                # 0.5 < 0.8 <= 0.5 + 0.3
+    seen = {int(sample_next(logits, 1.0, 0.81)) for _ in range(300)}
+    assert seen == {0, 1, 2}
+    assert {int(sample_next(logits, 1.0, 0.1)) for _ in range(50)} == {0}
+    assert int(sample_next(logits, 0.0, 1.0)) == 0
