@@ -311,7 +311,8 @@ def _heldout_rows(accs, n=100):
 def test_report_learning_curve_and_ablation(tmp_path):
     rl = tmp_path / "rl" / "stage1"
     _write_jsonl(rl / "metrics.jsonl", [_metrics_row(s, 0.2 + 0.02 * s) for s in range(1, 21)])
-    _write_jsonl(rl / "heldout.jsonl", _heldout_rows([0.12, 0.30, 0.45]))
+    # step 10 logged twice (a second run appended to the same folder): the later row is the one reported
+    _write_jsonl(rl / "heldout.jsonl", _heldout_rows([0.12, 0.99, 0.45]) + _heldout_rows([0.12, 0.30])[1:])
     runs = []
     for mode, seed, err in [("grpo_roc", 0, 0.1), ("grpo_roc", 1, 0.12), ("grpo", 0, 0.3), ("grpo", 1, 0.34)]:
         d = tmp_path / "ablation" / f"{mode}-seed{seed}"
@@ -325,6 +326,8 @@ def test_report_learning_curve_and_ablation(tmp_path):
     assert manifest["counts"]["ablation_runs"] == 4
     # held-out table: one row per evaluation, accuracy with its interval in percent
     assert "| stage1 | 20 | 100 | 45.0 [36.0, 54.0] |" in md
+    assert "| stage1 | 10 | 100 | 30.0 [21.0, 39.0] |" in md and "99.0" not in md
+    assert "heldout.jsonl: 1 row(s) repeat an earlier step" in md
     # ablation rows per run and per mode; mode means over seeds (tool-error ratio of positives 0.32 for grpo)
     assert "| grpo | 1 | 8 | 10.0 [1.0, 19.0] | 30.0 [21.0, 39.0] |" in md
     grpo_mean = next(line for line in md.splitlines() if line.startswith("| **grpo mean**"))

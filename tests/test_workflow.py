@@ -90,6 +90,17 @@ def test_rl_stages_must_be_enabled_in_order_and_evaluated_models_trained(workdir
     assert proc.returncode != 0 and "evaluate.models names 'rl_stage3'" in proc.stderr + proc.stdout
 
 
+def test_a_bad_heldout_benchmark_fails_before_any_job_runs(workdir, tmp_path):
+    bad = tmp_path / "heldout.jsonl"
+    bad.write_text('{"id": "h1", "problem": "1 + 1", "answer": "2"}\n{"id": "h2", "problem": "2 + 2"}\n')
+    cfg = tmp_path / "bad_heldout.yaml"
+    cfg.write_text(f"benchmarks: {{arith_heldout: {{path: {bad}, answer_type: integer}}}}\n")
+    proc = smk(workdir, "-n", "--configfile", "configs/cpu-learning.yaml", str(cfg), check=False)
+    out = proc.stderr + proc.stdout
+    assert proc.returncode != 0 and "rl.heldout.benchmark 'arith_heldout' cannot be loaded" in out
+    assert str(bad) in out and "row 1: missing field 'answer'" in out
+
+
 def test_label_verification_schedules_its_verifier_model(workdir, tmp_path):
     on = tmp_path / "lv.yaml"
     on.write_text("label_verification: {enabled: true, model: {source: tiny_qwen3}}\n")

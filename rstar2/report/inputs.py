@@ -54,6 +54,21 @@ def iter_json_lines(path: Path, notes: list[str]) -> Iterator[dict]:
                 yield row
 
 
+def step_rows(path: Path, notes: list[str]) -> list[dict]:
+    """Rows of a per-step log (``metrics.jsonl``, ``heldout.jsonl``), the last one per ``step``, in step order.
+
+    A log can repeat a step (appended to by hand, or by two runs in one folder); plotting both rows would draw
+    the curve back over itself, so the later row wins and a note says how many were replaced.
+    """
+    rows = list(iter_json_lines(path, notes))
+    by_step = {}
+    for r in rows:
+        by_step[r.get("step")] = r
+    if len(by_step) < len(rows):
+        notes.append(f"{path}: {len(rows) - len(by_step)} row(s) repeat an earlier step; the last row per step is used")
+    return sorted(by_step.values(), key=lambda r: (num(r.get("step")) is None, num(r.get("step")) or 0))
+
+
 def read_json(path: Path | None, notes: list[str]) -> dict | None:
     """A JSON object file, or None when missing or unreadable (with a note)."""
     if path is None or not path.is_file():
@@ -98,10 +113,10 @@ def load(inputs: dict) -> Inputs:
         p = d / "metrics.jsonl"
         if p.is_file():
             got.read.append(str(p))
-        got.stages[name] = list(iter_json_lines(p, got.notes))
+        got.stages[name] = step_rows(p, got.notes)
         got.stage_dirs[name] = d
         got.manifests[name] = read_json(d / "manifest.json", got.notes)
-        got.heldout[name] = list(iter_json_lines(d / "heldout.jsonl", got.notes))
+        got.heldout[name] = step_rows(d / "heldout.jsonl", got.notes)
     for run in inputs.get("ablation") or []:
         from .learning import load_run
 

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from .document import Figure, Heading, Para, Table
-from .inputs import iter_json_lines, num
+from .inputs import num, step_rows
 
 ABLATION_PANELS = [  # (title, metrics source, key)
     ("training reward (mean per step, 5-step moving average)", "metrics", "reward_mean"),
@@ -27,8 +27,7 @@ ABLATION_PANELS = [  # (title, metrics source, key)
 
 def load_run(d: Path, notes: list[str]) -> dict:
     """``{"metrics": [...], "heldout": [...]}`` of one RL folder (missing files give empty lists)."""
-    return {"metrics": list(iter_json_lines(d / "metrics.jsonl", notes)),
-            "heldout": list(iter_json_lines(d / "heldout.jsonl", notes))}
+    return {"metrics": step_rows(d / "metrics.jsonl", notes), "heldout": step_rows(d / "heldout.jsonl", notes)}
 
 
 def _moving_average(ys: list[float], w: int = 5) -> list[float]:

@@ -49,6 +49,22 @@ def _check_benchmark_names():
 _check_benchmark_names()
 
 
+def _check_heldout_benchmark():
+    """The RL held-out benchmark is read only when RL starts (after SFT); read it now so a bad file fails first."""
+    name = config["rl"]["heldout"]["benchmark"]
+    if name is None:
+        return
+    from rstar2.data.benchmarks import load_benchmark
+
+    try:
+        load_benchmark(name, config["benchmarks"][name])
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"config: rl.heldout.benchmark {name!r} cannot be loaded: {e}") from None
+
+
+_check_heldout_benchmark()
+
+
 def as_json(obj):
     return json.dumps(obj, sort_keys=True)
 
