@@ -12,14 +12,18 @@ import os
 import sys
 
 
-def _params(text: str) -> dict:
+def _json_object(text: str, flag: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise SystemExit(f"--params is not valid JSON: {e}") from None
+        raise SystemExit(f"{flag} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
-        raise SystemExit("--params must be a JSON object")
+        raise SystemExit(f"{flag} must be a JSON object")
     return value
+
+
+def _params(text: str) -> dict:
+    return _json_object(text, "--params")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +88,7 @@ def _dispatch(a: argparse.Namespace) -> None:
         evaluate.run(a.params, a.name, a.model, a.out)
     elif a.stage == "report":
         from .stages import report
-        report.run(a.params, _params(a.inputs), a.out)
+        report.run(a.params, _json_object(a.inputs, "--inputs"), a.out)
 
 
 if __name__ == "__main__":

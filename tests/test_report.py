@@ -339,3 +339,13 @@ def test_report_without_heldout_or_ablation_says_so(tmp_path):
     report.run({}, {}, str(out))
     md, _ = _check_outputs(out)
     assert "No held-out evaluation during RL was found" in md and "No ablation runs configured" in md
+
+
+def test_report_rejects_bad_inputs_naming_the_flag_and_the_entry(tmp_path):
+    from rstar2 import cli
+
+    with pytest.raises(SystemExit, match="--inputs is not valid JSON"):
+        cli.main(["report", "--params", "{}", "--inputs", "{oops", "--out", str(tmp_path / "r")])
+    with pytest.raises(ValueError, match=r"ablation entry 1 lacks \['mode'\]"):
+        report.run({}, {"ablation": [{"mode": "grpo", "seed": 0, "dir": str(tmp_path)},
+                                     {"seed": 1, "dir": str(tmp_path)}]}, str(tmp_path / "r"))

@@ -117,9 +117,12 @@ def load(inputs: dict) -> Inputs:
         got.stage_dirs[name] = d
         got.manifests[name] = read_json(d / "manifest.json", got.notes)
         got.heldout[name] = step_rows(d / "heldout.jsonl", got.notes)
-    for run in inputs.get("ablation") or []:
+    for i, run in enumerate(inputs.get("ablation") or []):
         from .learning import load_run
 
+        missing = [k for k in ("mode", "seed", "dir") if not isinstance(run, dict) or k not in run]
+        if missing:
+            raise ValueError(f"report inputs: ablation entry {i} lacks {missing} (each needs mode, seed and dir)")
         got.ablation.append({"mode": run["mode"], "seed": run["seed"], **load_run(Path(run["dir"]), got.notes)})
     for model, d in (inputs.get("eval") or {}).items():
         p = Path(d) / "summary.json" if d else None
