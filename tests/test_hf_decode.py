@@ -60,3 +60,10 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert seen == {0, 1, 2}
     assert {int(sample_next(logits, 1.0, 0.1)) for _ in range(50)} == {0}
     assert int(sample_next(logits, 0.0, 1.0)) == 0
+
+
+def test_top_p_on_a_flat_distribution_falls_back_to_the_whole_vocabulary():
+    """Top 256 of 1000 equally likely tokens hold 25.6% < top_p: the nucleus is 900 tokens, found by a full sort."""
+    torch.manual_seed(0)
+    seen = {int(t) for _ in range(40) for t in sample_next(torch.zeros(64, 1000), 1.0, 0.9)}
+    assert len(seen) > 800 and max(seen) >= 256
