@@ -11,7 +11,10 @@ model-written code, so these workers are not namespace-sandboxed; only their tim
 
 Workers start through multiprocessing's forkserver, which imports the calling script's ``__main__``: a script
 that calls :func:`grade_many` / :func:`score_many` must do so under ``if __name__ == "__main__":`` (as any
-multiprocessing program), otherwise every worker re-runs the script and each item ends as ``timeout``.
+multiprocessing program), otherwise every worker re-runs the script. Re-importing the script's top level
+(torch, transformers: seconds) is start-up, not grading: a worker first reports that it is ready, and an
+item's deadline starts only then; a worker that is not ready within ``START_TIMEOUT_S`` fails its item with
+status ``error`` and a message saying so.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import threading
 import time
 
+START_TIMEOUT_S = 300.0   # worker start-up (re-importing the caller's __main__), not counted in item deadlines
 _CTX = None
 _POOL: "GradingPool | None" = None
 _POOL_LOCK = threading.Lock()
@@ -39,6 +43,7 @@ def _context():
 def _serve(conn) -> None:
     """Worker loop (main thread): receive (kind, args), answer ("ok", value) or ("error", message)."""
     from rstar2 import grading
+    conn.send(("ready", None))
     while True:
         try:
             msg = conn.recv()
@@ -65,6 +70,13 @@ class _Worker:
         self.proc = _context().Process(target=_serve, args=(child,), daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once the worker has imported the grading code (waits up to ``timeout_s`` the first time)."""
+        if not self.ready and self.conn.poll(timeout_s):
+            self.ready = self.conn.recv() == ("ready", None)
+        return self.ready
 
     def kill(self):
         try:
@@ -100,6 +112,10 @@ class GradingPool:
                 w = self.workers[slot]
                 t0 = time.monotonic()
                 try:
+                    if not w.wait_ready(START_TIMEOUT_S):
+                        raise OSError(f"did not start within {START_TIMEOUT_S:.0f}s (a script calling the grading "
+                                      "pool must do so under `if __name__ == '__main__':`)")
+                    t0 = time.monotonic()
                     w.conn.send((kind, items[i]))
                     ready = w.conn.poll(timeout_s)
                     if ready:

@@ -37,3 +37,22 @@ def test_score_many_passes_the_answer_type():
     assert res[1]["status"] == "ok"
     from rstar2.grading import score_trajectory
     assert res[1]["reward"] == score_trajectory(final, "C")["reward"]
+
+
+def test_worker_start_up_does_not_count_against_the_item_deadline(tmp_path):
+    """Forkserver workers re-import the caller's script: a slow top level (here 3 s, as importing torch is) must
+    not turn correct answers into timeouts under a 1 s grading deadline."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "slow_top_level.py"
+    script.write_text(
+        "import time\n"
+        "time.sleep(3)\n"
+        "from rstar2 import grading_pool\n"
+        "if __name__ == '__main__':\n"
+        "    print([r['status'] for r in grading_pool.score_many([('The result is \\\\boxed{804}.', '804')] * 4,"
+        " timeout_s=1.0)])\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['ok', 'ok', 'ok', 'ok']"
