@@ -406,3 +406,10 @@ def test_optional_source_and_language_fields_are_carried_and_required_when_mappe
                      "answer_raw": "7", "origin": "aops_forum", "language": "en"}]
     with pytest.raises(ValueError, match="row 0: missing field 'subset'"):
         load_source({**spec, "fields": {**spec["fields"], "source": "subset"}})
+
+
+def test_a_broken_json_line_is_named_with_file_and_line(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"id": 1, "problem": "a", "answer": "1"}\n\n{"id": 2, "problem": "b, "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"dataset 'd' \(file .*d\.jsonl\): line 3 \(1-based\) is not valid JSON"):
+        load_source({"name": "d", "path": str(p), "fields": {"problem": "problem", "answer": "answer"}})

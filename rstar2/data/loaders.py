@@ -27,6 +27,8 @@ Spec keys::
 
 from __future__ import annotations
 
+import json
+
 import math
 from pathlib import Path
 from typing import Any
@@ -137,7 +139,10 @@ def read_table(spec: dict, base_dir: Path | str = REPO_ROOT) -> tuple[pd.DataFra
         # A ".json" file may hold JSON Lines (BFCL does this); decide by the first character.
         lines = fmt == "jsonl" or _first_char(path) != "["
         # dtype=False: no type guessing ("025" stays text) and, in pandas >= 3, no date conversion either.
-        return pd.read_json(path, lines=lines, dtype=False), where
+        try:
+            return pd.read_json(path, lines=lines, dtype=False), where
+        except ValueError as e:  # pandas names neither file nor line: find the line
+            raise ValueError(f"dataset '{name}' (file {path}): {_bad_json_line(path) if lines else e}") from None
     raise ValueError(f"dataset '{name}': cannot infer the format of {path}; set spec['format'] to one of "
                      f"jsonl, json, parquet, csv")
 
@@ -148,6 +153,21 @@ def _read_hub(spec: dict, repo_id: str) -> pd.DataFrame:
 
     ds = datasets.load_dataset(repo_id, spec.get("config"), split=spec.get("split", "train"))
     return ds.to_pandas()
+
+
+def _bad_json_line(path: Path) -> str:
+    """Where a JSON Lines file stops parsing: 'line N (1-based) is not a JSON object: ...'."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                return f"line {lineno} (1-based) is not valid JSON: {e}"
+            if not isinstance(value, dict):
+                return f"line {lineno} (1-based) is not a JSON object"
+    return "not readable as JSON Lines"
 
 
 def _first_char(path: Path) -> str:
