@@ -13,6 +13,10 @@ format, tool-error or length term. Grading runs in this order, and the first rul
 3. Multiple-choice gold (a letter A–E, ``(B)``, ``\\text{(B)}``): compare the letters.
 4. Both sides normalise to integers (``$``, ``\\text{}``, spaces, thousands separators in proper groups of
    three, unicode minus, leading zeros, a trailing ``.0``): compare exactly. ``12,34`` is *not* an integer.
+   For an ``integer`` benchmark the answer must be an integer: the value after a last ``=`` counts
+   (``x = 25``), but an unevaluated expression (``505 * 26``, ``2^{3}``, ``\\frac{16}{2}``, ``5!``) scores 0
+   instead of going to Math-Verify, which would evaluate it. Otherwise a problem that *is* an expression is
+   solved by copying it into the box (a policy found this within 5 RL steps on the bundled arithmetic task).
 5. Both sides are exact rationals (``0.5``, ``1/2``, ``\\frac{1}{2}``): compare exactly with
    :class:`fractions.Fraction`, before any float tolerance.
 6. Otherwise Math-Verify 0.9.0: the gold is parsed wrapped in ``\\boxed{}`` (fallback ``$...$``), the
@@ -377,6 +381,11 @@ def _math_verify(pred: str, gold: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=t_verify))
 
 
+# An arithmetic operation between two operands, or a LaTeX operator that computes a value.
+_UNEVALUATED = re.compile(r"[\w)}\]]\s*(?:[-+*/^×÷·]|\\times|\\cdot|\\div|\\ast)\s*[\w({\[\\]"
+                          r"|\\(?:d?t?frac|sqrt|binom|choose)\b|\d\s*!")
+
+
 def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
     """1.0 if ``pred`` (an extracted final answer) is equivalent to ``gold``, else 0.0.
 
@@ -407,6 +416,15 @@ def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
         gi, pi = _as_int(g), _as_int(p)
         if gi is not None and pi is not None:
             return float(gi == pi)
+        if answer_type == "integer":
+            # the value after the last "=" is the answer ("x = 25", "505 \times 26 = 13130"); an expression
+            # left for the grader to evaluate ("505 * 26", "2^{3}") is not an integer answer
+            tail = p.rsplit("=", 1)[-1].strip()
+            ti = _as_int(tail)
+            if ti is not None:
+                return float(gi == ti)
+            if _UNEVALUATED.search(tail):
+                return 0.0
         gf, pf = _as_fraction(g), _as_fraction(p)
         if gf is not None and pf is not None:
             return float(gf == pf)

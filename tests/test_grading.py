@@ -284,6 +284,21 @@ def test_integer_answer_type():
         grade("1", "1", "letters")
 
 
+@pytest.mark.parametrize("pred, gold, want", [
+    ("505 * 26", "13130", 0.0), ("655 * 28 + 389", "18729", 0.0), ("2^{3}", "8", 0.0), ("\\frac{16}{2}", "8", 0.0),
+    ("\\dfrac{16}{2}", "8", 0.0), ("5!", "120", 0.0), ("2 \\times 4", "8", 0.0), ("\\sqrt{64}", "8", 0.0),
+    ("13130", "13130", 1.0), ("x = 13130", "13130", 1.0), ("505 \\times 26 = 13130", "13130", 1.0),
+    ("8.0", "8", 1.0), ("-2950", "-2950", 1.0), ("1,000", "1000", 1.0), ("8 \\text{ cm}", "8", 1.0),
+    ("x = 13131", "13130", 0.0),
+])
+def test_integer_answers_must_be_evaluated(pred, gold, want):
+    """A problem that is an expression ("505 * 26") is not solved by boxing the expression: Math-Verify would
+    evaluate it and reward the copy (an RL policy on the bundled arithmetic task learned this in 5 steps)."""
+    assert grade(pred, gold, "integer") == want
+    if want == 0.0 and "=" not in pred:
+        assert grade(pred, gold, "math") == 1.0    # the general grader still accepts equivalent expressions
+
+
 def test_exact_rationals_before_float_tolerance():
     # Math-Verify alone would call these equal within its float tolerance; exact comparison decides first.
     assert grade("0.3333333333", "\\frac{1}{3}") == 0.0

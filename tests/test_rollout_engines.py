@@ -201,3 +201,13 @@ def test_vllm_engine_with_a_fake_llm(qwen_tokenizer):
     trajs = run_rollouts(None, tok, problems, RolloutConfig(max_response_tokens=400), engines=[eng])
     assert [t.reward for t in trajs] == [1.0] * 4
     assert sum(llm.calls) == 8 and "vllm" not in sys.modules
+
+
+def test_run_rollouts_grades_with_the_given_answer_type(qwen_tokenizer):
+    """RL data is integer-answer: a boxed unevaluated expression earns nothing there (it does under "math")."""
+    tok = qwen_tokenizer
+    copy = tok.encode("Done.</reason>\n<answer>\\boxed{6 * 7}</answer><|im_end|>", add_special_tokens=False)
+    problems = [{"id": "p", "problem": "6 * 7", "answer": "42"}]
+    rewards = {kind: run_rollouts(BatchScriptedModel(lambda ctx: copy), tok, problems, RolloutConfig(),
+                                  answer_type=kind)[0].reward for kind in ("math", "integer")}
+    assert rewards == {"math": 1.0, "integer": 0.0}

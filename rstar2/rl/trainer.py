@@ -339,7 +339,8 @@ class RolloutFunc:
             meta = self.answers[q]
             problems += [{"id": meta["id"], "problem": q, "answer": meta["answer"]}] * self.n_draw
         kw = {"engines": engines} if engines is not None else {}
-        trajs = rollout_lib.run_rollouts(model, tok, problems, self.rcfg,
+        # rl_data keeps integer-answer problems only (the paper's curation), so the reward is the integer grader's
+        trajs = rollout_lib.run_rollouts(model, tok, problems, self.rcfg, answer_type="integer",
                                          progress=rollout_lib.Progress(f"rollout step {self.step}"), **kw)
         model.train()
         release_freed_memory()

@@ -68,7 +68,8 @@ def default_engines(model, tok, cfg: RolloutConfig) -> list:
 
 def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=None, *, engines: list | None = None,
                  tools: ToolRunner | None = None,
-                 reward_fn: Callable[[str, str], dict] | None = None) -> list[Trajectory]:
+                 reward_fn: Callable[[str, str], dict] | None = None,
+                 answer_type: str = "math") -> list[Trajectory]:
     """Roll out one trajectory per entry of ``problems`` and grade it.
 
     Args:
@@ -79,6 +80,7 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
         engines: inference engines (engines.py); default ``default_engines(model, tok, cfg)``.
         tools: executes tool calls (``async run(code, stdin) -> sandbox.ExecResult``); default: the sandbox's
             batching client (``sandbox.shared_client``: the configured service, or the shared warm pool).
+        answer_type: the grader of the default path (``grading.ANSWER_TYPES``); RL data is integer-answer.
         reward_fn: ``(final_turn_text, gold) -> {"pred", "reward"}``; default: grading.score_trajectory in the
             killable grading workers. Truncated trajectories score 0 without it.
     Returns:
@@ -107,5 +109,5 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
     finally:
         if owned_tools:
             tools.close()
-    grade_all(trajs, reward_fn)
+    grade_all(trajs, reward_fn, [answer_type] * len(trajs))
     return trajs
