@@ -330,6 +330,7 @@ def test_report_learning_curve_and_ablation(tmp_path):
     assert "heldout.jsonl: 1 row(s) repeat an earlier step" in md
     # ablation rows per run and per mode; mode means over seeds (tool-error ratio of positives 0.32 for grpo)
     assert "| grpo | 1 | 8 | 10.0 [1.0, 19.0] | 30.0 [21.0, 39.0] |" in md
+    assert "Warning" not in md
     grpo_mean = next(line for line in md.splitlines() if line.startswith("| **grpo mean**"))
     assert "| 32.0 |" in grpo_mean and "| 25.0 |" in grpo_mean  # err 32 %, end accuracy mean (20+30)/2
 
@@ -349,3 +350,38 @@ def test_report_rejects_bad_inputs_naming_the_flag_and_the_entry(tmp_path):
     with pytest.raises(ValueError, match=r"ablation entry 1 lacks \['mode'\]"):
         report.run({}, {"ablation": [{"mode": "grpo", "seed": 0, "dir": str(tmp_path)},
                                      {"seed": 1, "dir": str(tmp_path)}]}, str(tmp_path / "r"))
+
+
+def test_report_survives_malformed_inputs_with_notes(tmp_path):
+    rl = tmp_path / "rl" / "stage1"
+    rl.mkdir(parents=True)
+    (rl / "metrics.jsonl").write_bytes(b"\xff\xfe" + json.dumps(_metrics_row(1, 0.2)).encode() + b"\n"
+                                       + json.dumps(_metrics_row(2, 0.3)).encode() + b"\n")
+    _write_jsonl(rl / "heldout.jsonl", [{**_heldout_rows([0.2])[0], "accuracy_ci": [0.9]}])
+    _write_jsonl(rl / "rollouts.jsonl", [{"step": 2, "problem_id": "p1", "turns": "notalist"},
+                                         {"step": 2, "problem_id": "p2", "turns": [{"text": "hi"}, 5]}])
+    ablation = [{"mode": "grpo", "seed": "x", "dir": str(tmp_path / "a")},
+                {"mode": "grpo", "seed": None, "dir": str(tmp_path / "b")}]
+    out = tmp_path / "report"
+    report.run({}, {"rl_stages": {"stage1": str(rl), "stage2": str(tmp_path / "none")}, "ablation": ablation},
+               str(out))
+    md, _ = _check_outputs(out)
+    assert "metrics.jsonl: line 1 is not valid JSON" in md
+    assert "problem 'p1' has malformed turns" in md and "problem 'p2' has malformed turns" in md
+    assert "| stage1 | 0 | 100 | 20.0 |" in md                      # accuracy without its broken interval
+    assert "none/metrics.jsonl: not found" in md
+    assert "some (mode, seed) pairs appear more than once" not in md
+    with pytest.raises(ValueError, match="'rl_stages' must be a JSON object, got list"):
+        report.run({}, {"rl_stages": [str(rl)]}, str(out))
+
+
+def test_ablation_warns_on_repeated_runs_and_unequal_budgets(tmp_path):
+    runs = []
+    for i, (mode, seed, steps) in enumerate([("grpo", 0, 8), ("grpo", 0, 20), ("grpo_roc", 0, 8)]):
+        d = tmp_path / f"run{i}"
+        _write_jsonl(d / "metrics.jsonl", [_metrics_row(s, 0.3) for s in range(1, steps + 1)])
+        runs.append({"mode": mode, "seed": seed, "dir": str(d)})
+    out = tmp_path / "report"
+    report.run({}, {"ablation": runs}, str(out))
+    md, _ = _check_outputs(out)
+    assert "some (mode, seed) pairs appear more than once" in md and "different numbers of steps ([8, 20])" in md

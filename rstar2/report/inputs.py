@@ -41,7 +41,7 @@ def iter_json_lines(path: Path, notes: list[str]) -> Iterator[dict]:
     note naming the file and line."""
     if not path.is_file():
         return
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # bad bytes make their line invalid, not the file
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -107,12 +107,18 @@ def load(inputs: dict) -> Inputs:
     "dir"}]}`` (any key may be missing, any
     directory may lack its files)."""
     got = Inputs()
+    for key, kind in (("rl_stages", dict), ("eval", dict), ("ablation", list)):
+        if inputs.get(key) is not None and not isinstance(inputs[key], kind):
+            raise ValueError(f"report inputs: {key!r} must be a JSON {'object' if kind is dict else 'list'}, "
+                             f"got {type(inputs[key]).__name__}")
     stage_dirs = {k: v for k, v in (inputs.get("rl_stages") or {}).items() if v}
     for name in sorted(stage_dirs, key=natural_key):
         d = Path(stage_dirs[name])
         p = d / "metrics.jsonl"
         if p.is_file():
             got.read.append(str(p))
+        else:
+            got.notes.append(f"{p}: not found (RL stage {name} has not run yet?)")
         got.stages[name] = step_rows(p, got.notes)
         got.stage_dirs[name] = d
         got.manifests[name] = read_json(d / "manifest.json", got.notes)

@@ -52,7 +52,7 @@ def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
     ax = fig.subplots()
     drawn = False
     for name, rows in heldout.items():
-        pts = [(num(r.get("step")), num(r.get("accuracy")), r.get("accuracy_ci") or [None, None]) for r in rows]
+        pts = [(num(r.get("step")), num(r.get("accuracy")), _ci(r)) for r in rows]
         pts = [(x, y, ci) for x, y, ci in pts if x is not None and y is not None]
         if not pts:
             continue
@@ -116,10 +116,16 @@ def _fmt_pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
 
+def _ci(row: dict) -> tuple:
+    """(lo, hi) of a held-out row's ``accuracy_ci`` as given, or (None, None) when it is not a pair."""
+    ci = row.get("accuracy_ci")
+    return tuple(ci[:2]) if isinstance(ci, list) and len(ci) >= 2 else (None, None)
+
+
 def _ci_text(row: dict | None) -> str:
     if not row or num(row.get("accuracy")) is None:
         return "–"
-    lo, hi = (row.get("accuracy_ci") or [None, None])[:2]
+    lo, hi = _ci(row)
     ci = f" [{_fmt_pct(num(lo))}, {_fmt_pct(num(hi))}]" if num(lo) is not None and num(hi) is not None else ""
     return f"{_fmt_pct(num(row['accuracy']))}{ci}"
 
@@ -155,7 +161,7 @@ def ablation_section(runs: list[dict]) -> list:
     if not runs:
         return blocks + [Para("No ablation runs configured (see configs/cpu-ablation.yaml).")]
     rows, by_mode = [], {}
-    for r in sorted(runs, key=lambda r: (r["mode"], r["seed"])):
+    for r in sorted(runs, key=lambda r: (str(r["mode"]), str(r["seed"]))):
         h, m = r["heldout"], r["metrics"]
         if not m:  # a run that has not logged a step yet is listed but not averaged in
             rows.append([r["mode"], str(r["seed"]), "0", "no data", "–", "–", "–", "–", "–"])
@@ -185,5 +191,12 @@ def ablation_section(runs: list[dict]) -> list:
                         caption="Same SFT model, data order, steps, prompts per step and kept group size G for every "
                                 "run; grpo_roc draws 2G rollouts per prompt and keeps G, grpo draws G. Reported as "
                                 "measured, with no tuning per mode."))
+    pairs = [(str(r["mode"]), str(r["seed"])) for r in runs]
+    steps = {len(r["metrics"]) for r in runs if r["metrics"]}
+    if len(set(pairs)) < len(pairs):
+        blocks.append(Para("Warning: some (mode, seed) pairs appear more than once; their means count each run."))
+    if len(steps) > 1:
+        blocks.append(Para(f"Warning: the runs logged different numbers of steps ({sorted(steps)}): they did not "
+                           "all finish, or were not run on the same budget."))
     return blocks + [Figure("ablation.png", "GRPO vs GRPO-RoC: reward, held-out accuracy, tool errors of "
                                             "positives, response length")]

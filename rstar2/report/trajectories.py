@@ -41,12 +41,24 @@ def pick(records: list[dict], n: int) -> list[dict]:
     return [records[i] for i in sorted(chosen)]
 
 
+def _well_formed(rec: dict, path: Path, notes: list[str]) -> bool:
+    """A record whose ``turns`` is a list of objects, each with a list of tool-call objects (else a note)."""
+    turns = rec.get("turns") or []
+    ok = isinstance(turns, list) and all(
+        isinstance(t, dict) and isinstance(t.get("tool_calls") or [], list)
+        and all(isinstance(c, dict) for c in t.get("tool_calls") or []) for t in turns)
+    if not ok:
+        notes.append(f"{path}: a record of problem {rec.get('problem_id', rec.get('id'))!r} has malformed turns, "
+                     "not shown")
+    return ok
+
+
 def eval_samples(eval_dir: Path, notes: list[str]) -> list[tuple[str, dict]]:
     """``[(benchmark, rollout record)]`` from ``<eval_dir>/<bench>/per_problem.jsonl``, benchmarks in name order."""
     out = []
     for path in sorted(Path(eval_dir).glob("*/per_problem.jsonl")):
         for row in iter_json_lines(path, notes):
-            if isinstance(row.get("sample"), dict):
+            if isinstance(row.get("sample"), dict) and _well_formed(row["sample"], path, notes):
                 out.append((path.parent.name, row["sample"]))
     return out
 
@@ -56,7 +68,7 @@ def last_step_rollouts(path: Path, notes: list[str]) -> list[dict]:
     last_step, kept = None, []
     for r in iter_json_lines(path, notes):
         step = num(r.get("step"))
-        if step is None:
+        if step is None or not _well_formed(r, path, notes):
             continue
         if last_step is None or step > last_step:
             last_step, kept = step, []
