@@ -99,6 +99,11 @@ def test_a_bad_heldout_benchmark_fails_before_any_job_runs(workdir, tmp_path):
     out = proc.stderr + proc.stdout
     assert proc.returncode != 0 and "rl.heldout.benchmark 'arith_heldout' cannot be loaded" in out
     assert str(bad) in out and "row 1: missing field 'answer'" in out
+    same = tmp_path / "same.yaml"   # the training problems as the held-out set (no decontamination configured)
+    same.write_text("benchmarks: {arith_heldout: {path: data/learning/train.jsonl, answer_type: integer}}\n")
+    proc = smk(workdir, "-n", "--configfile", "configs/cpu-learning.yaml", str(same), check=False)
+    assert proc.returncode != 0 and "2000 problem(s) of rl.heldout.benchmark 'arith_heldout' are also in rl_data " \
+        "source 'arith_train'" in proc.stderr + proc.stdout
 
 
 def test_label_verification_schedules_its_verifier_model(workdir, tmp_path):

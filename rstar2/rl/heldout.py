@@ -27,6 +27,15 @@ from ..io import append_jsonl
 from ..memory import release_freed_memory
 
 
+def shared_problems(heldout: list[dict], train: list[dict]) -> list[tuple[str, str]]:
+    """``[(held-out id, train id)]`` for held-out problems whose text (whitespace and case folded) is also a
+    training problem: an exact-match check, for runs that skip n-gram decontamination."""
+    def fold(text) -> str:
+        return " ".join(str(text).split()).lower()
+    ids = {fold(r.get("problem", "")): r.get("id") for r in train}
+    return [(p["id"], ids[fold(p["problem"])]) for p in heldout if fold(p["problem"]) in ids]
+
+
 def heldout_summary(trajs: list, k: int) -> dict:
     """Summarise graded trajectories (``k`` consecutive samples per problem) into one ``heldout.jsonl`` row.
 

@@ -71,9 +71,9 @@ def _check_heldout_disjoint(heldout: list[dict] | None, rows: list[dict], data_p
     """
     if not heldout:
         return
-    fold = lambda text: " ".join(str(text).split()).lower()  # noqa: E731
-    train = {fold(r.get("problem", "")): r.get("id") for r in rows}
-    shared = [(p["id"], train[fold(p["problem"])]) for p in heldout if fold(p["problem"]) in train]
+    from ..rl.heldout import shared_problems
+
+    shared = shared_problems(heldout, rows)
     if shared:
         name = params["heldout"]["benchmark"]
         raise ValueError(f"rl.heldout: {len(shared)} problem(s) of benchmark {name!r} are also training problems in "
