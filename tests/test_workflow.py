@@ -79,6 +79,13 @@ def test_learning_and_ablation_configs_plan_stage1_only_and_every_run(workdir):
     assert jobs["rl_ablation"] == 4 and "rl_stage2" not in jobs and "hard_problems" not in jobs
 
 
+def test_an_ablation_without_seeds_or_modes_is_an_error(workdir, tmp_path):
+    half = tmp_path / "half.yaml"
+    half.write_text("ablation: {modes: [grpo], seeds: []}\n")
+    proc = smk(workdir, "-n", "--configfile", "configs/cpu-learning.yaml", str(half), check=False)
+    assert proc.returncode != 0 and "ablation needs both modes and seeds" in proc.stderr + proc.stdout
+
+
 def test_rl_stages_must_be_enabled_in_order_and_evaluated_models_trained(workdir, tmp_path):
     gap = tmp_path / "gap.yaml"
     gap.write_text("rl: {stages: {stage2: null}}\n")

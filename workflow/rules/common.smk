@@ -217,6 +217,9 @@ def heldout_files():
 def ablation_runs():
     """{(mode, seed): run folder} of the ablation (every mode with every seed)."""
     ab = config["ablation"]
+    if bool(ab["modes"]) != bool(ab["seeds"]):
+        raise ValueError(f"config: ablation needs both modes and seeds (got modes {ab['modes']}, seeds {ab['seeds']}); "
+                         "with one of them empty no run would be planned")
     return {(m, s): f"results/ablation/{m}-seed{s}" for m in ab["modes"] for s in ab["seeds"]}
 
 
