@@ -4,6 +4,7 @@ source, and the held-out summary used during RL."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -60,8 +61,11 @@ def test_string_tasks_use_no_arithmetic_and_are_deterministic():
     assert tasks == string_tools.generate(300, seed=0) and tasks != string_tools.generate(300, seed=1)
     assert len({t["question"] for t in tasks}) == 300
     assert any(t["stdin"] for t in tasks) and any(not t["stdin"] for t in tasks)
+    assert any(" + " in t["code"] for t in tasks) and any(" * " in t["code"] for t in tasks)
     for t in tasks:
-        assert not any(op in t["code"] for op in (" + ", " - ", " * ", " / ", "**", "//", "%")), t["code"]
+        # operators only join or repeat string literals: never between two numbers
+        assert not re.search(r"[\d)]\s*(?:[-+/%]|\*\*?|//)\s*[\d(]", t["code"]), t["code"]
+        assert not any(op in t["code"] for op in (" - ", " / ", "**", "//", "%")), t["code"]
         assert not any(ch.isdigit() for ch in t["question"]), t["question"]
 
 

@@ -3,8 +3,11 @@
 The paper's cold start (§4.1) teaches the tool-call format on non-reasoning data and contains no math. These
 tasks do the same at CPU scale: each asks for a string transformation or count that the model gets by
 writing a one- or two-line program, reading the tool's output, and boxing it in ``<answer>`` exactly as an RL
-answer is boxed. The code never uses an arithmetic operator: what transfers to the arithmetic task is the
-*habit* of calling the tool and copying its result, not arithmetic.
+answer is boxed. There is no arithmetic: ``+`` and ``*`` appear only between strings (joining and repeating
+words inside ``print(...)``). What transfers to the arithmetic task is the *habit* of calling the tool,
+printing an expression's value and copying the result. Without the operator tasks a model trained on these
+tasks learned to pass an arithmetic problem as standard input and print it back unchanged, then box the
+expression (which a lenient grader scores as correct, issue 9).
 
 :func:`generate` returns ``n`` tasks ``{"id", "question", "code", "stdin", "expected"}`` (``expected`` is the
 output the code must print, computed here so the SFT builder can check the sandbox agrees). About one task
@@ -29,7 +32,7 @@ def _phrase(r: random.Random, lo: int = 1, hi: int = 4) -> str:
 def _task(r: random.Random) -> tuple[str, str, str, str]:
     """One task: (question, the text it operates on, a Python expression on ``s``, the expected output)."""
     s = _phrase(r)
-    kind = r.randrange(10)
+    kind = r.randrange(13)
     if kind == 0:
         return f"Reverse the string '{s}'.", s, "s[::-1]", s[::-1]
     if kind == 1:
@@ -45,6 +48,8 @@ def _task(r: random.Random) -> tuple[str, str, str, str]:
     if kind == 5:
         return (f"Remove every vowel from '{s}'.", s, "''.join(c for c in s if c not in 'aeiou')",
                 "".join(c for c in s if c not in "aeiou"))
+    if kind >= 10:
+        return _operator_task(r, kind)
     s = _phrase(r, 2, 6)
     if kind == 6:
         return f"How many words are in the sentence '{s}'?", s, "len(s.split())", str(len(s.split()))
@@ -54,6 +59,21 @@ def _task(r: random.Random) -> tuple[str, str, str, str]:
     if kind == 8:
         return f"Which is the longest word in '{s}'?", s, "max(s.split(), key=len)", max(s.split(), key=len)
     return f"Write '{s}' with every word capitalized.", s, "s.title()", s.title()
+
+
+_TIMES = {2: "twice", 3: "three times", 4: "four times"}
+
+
+def _operator_task(r: random.Random, kind: int) -> tuple[str, str, str, str]:
+    """Strings joined or repeated with ``+`` and ``*`` inside ``print``: the shape ``print(a + b)`` that a
+    computation takes, on strings only (empty text: the expression needs no input)."""
+    a, b = r.sample(_WORDS, 2)
+    if kind == 10:
+        return f"Join the words '{a}' and '{b}' into one word.", "", f"{a!r} + {b!r}", a + b
+    if kind == 11:
+        k = r.choice(sorted(_TIMES))
+        return f"Write '{a}' {_TIMES[k]} in a row, with no spaces.", "", f"{a!r} * {k}", a * k
+    return f"Put a dash between '{a}' and '{b}'.", "", f"{a!r} + '-' + {b!r}", f"{a}-{b}"
 
 
 def generate(n: int, seed: int = 0) -> list[dict]:
@@ -71,7 +91,9 @@ def generate(n: int, seed: int = 0) -> list[dict]:
         if question in seen:
             continue
         seen.add(question)
-        if r.random() < 0.25:
+        if not text:
+            code, stdin = f"print({expr})", ""
+        elif r.random() < 0.25:
             code, stdin = f"s = input()\nprint({expr})", text
         else:
             code, stdin = f"s = {text!r}\nprint({expr})", ""
