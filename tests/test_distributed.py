@@ -45,7 +45,7 @@ RUNNER = textwrap.dedent('''
     rank = int(os.environ["RANK"])
     calls = {"n": 0}
 
-    def fake_run_rollouts(model, tok, problems, cfg, progress=None):
+    def fake_run_rollouts(model, tok, problems, cfg, progress=None, **kw):  # kw: answer_type
         calls["n"] += 1
         mixed = calls["n"] == rank + 1
         out = []

@@ -29,7 +29,8 @@ RUNNER = textwrap.dedent('''
     from rstar2 import rollout
     from rstar2.stages import rl
 
-    def fake_run_rollouts(model, tok, problems, cfg, progress=None):
+    def fake_run_rollouts(model, tok, problems, cfg, progress=None, **kw):
+        assert kw.get("answer_type") == "integer", kw   # RL data is integer-answer: its grader must be too
         out = []
         for p in problems:
             n = int(torch.randint(3, 9, (1,)))
