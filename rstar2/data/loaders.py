@@ -28,7 +28,6 @@ Spec keys::
 from __future__ import annotations
 
 import json
-
 import math
 from pathlib import Path
 from typing import Any
@@ -156,7 +155,7 @@ def _read_hub(spec: dict, repo_id: str) -> pd.DataFrame:
 
 
 def _bad_json_line(path: Path) -> str:
-    """Where a JSON Lines file stops parsing: 'line N (1-based) is not a JSON object: ...'."""
+    """Where a JSON Lines file stops parsing: 'line N (1-based) is not valid JSON: ...' (or not an object)."""
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
