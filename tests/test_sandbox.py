@@ -82,6 +82,30 @@ def test_calls_do_not_share_state_or_random_draws():
     assert execute("print('global_marker' in globals())").stdout == "False\n"
 
 
+def test_numpy_draws_differ_between_calls_in_every_zygote_kind():
+    # the numpy zygote has numpy.random loaded and must reseed it per call; the lean one imports it fresh
+    code = "import numpy as np\nprint(np.random.randint(10**9))"
+    unnamed = "np = __import__('nu' + 'mpy')\nprint(np.random.randint(10**9))"  # names no library: lean zygote
+    out = execute_many([(code, ""), (unnamed, "")] * 3)
+    assert all(r.status == "ok" for r in out), out
+    assert len({r.stdout for r in out[::2]}) == 3 and len({r.stdout for r in out[1::2]}) == 3
+
+
+def test_calls_go_to_the_smallest_zygote_that_holds_their_libraries():
+    from rstar2.sandbox import Pool
+
+    with Pool(SandboxLimits(timeout_s=5), workers=1, lean_workers=1, full_workers=1, slots=2) as p:
+        assert [p._kind_for(c) for c in ("print(1)", "import sympy", "from scipy import special",
+                                          "import numpy\nimport matplotlib")] == ["lean", "sci", "full", "full"]
+        code = "import sys\nprint(sorted(m for m in ('nu' + 'mpy', 'sc' + 'ipy') if m in sys.modules))"
+        assert p.submit(code).result().stdout == "[]\n"
+        assert p.submit(code + "  # numpy").result().stdout == "['numpy']\n"
+        assert p.submit(code + "  # scipy").result().stdout == "['numpy', 'scipy']\n"
+    with Pool(SandboxLimits(timeout_s=5), workers=1, lean_workers=0, full_workers=0, slots=2) as p:
+        assert p._kind_for("print(1)") == p._kind_for("import scipy") == "sci"  # the biggest kind it has
+        assert p.submit("import scipy.special\nprint(scipy.special.comb(5, 2, exact=True))").result().stdout == "10\n"
+
+
 def test_last_expression_repr_only_when_nothing_printed():
     assert execute("x = 3\nx * 2").stdout == "6\n"
     assert execute("print('a')\n5").stdout == "a\n"

@@ -32,11 +32,16 @@ DEFAULT_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functo
                    "bisect", "statistics", "random", "re", "string", "json", "numpy", "sympy", "scipy",
                    "scipy.special", "scipy.optimize", "scipy.integrate", "scipy.linalg", "matplotlib",
                    "matplotlib.pyplot")
-# Stdlib-only zygotes fork in about a third of the time of a zygote holding the math stack; calls whose code
-# does not mention a scientific library go there (reference/sandbox_notes.md: "run two pools").
+# A fork and the child's exit cost time in proportion to the pages the zygote maps (page tables copied, then
+# unmapped), so zygotes come in three sizes and each call goes to the smallest that already holds what its
+# code names (reference/sandbox_notes.md: "run two pools"; measured on 2 cores, fork + sympy snippet + exit:
+# 6.9 ms from a numpy+sympy zygote of 64 MB, 10.0 ms from one that also holds scipy and matplotlib, 143 MB).
 LEAN_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
                 "bisect", "statistics", "random", "re", "string", "json")
-_SCI = re.compile(r"\b(numpy|sympy|scipy|mpmath|matplotlib|pandas|networkx|gmpy2)\b")
+SCI_PRELOAD = LEAN_PRELOAD + ("numpy", "numpy.random", "sympy", "mpmath")  # numpy.random is lazy in numpy 2
+_SCI = re.compile(r"\b(numpy|sympy|mpmath|gmpy2)\b")
+_FULL = re.compile(r"\b(scipy|matplotlib|pylab|pandas|networkx|sklearn|statsmodels)\b")
+KINDS = ("lean", "sci", "full")  # by size: a call may go to a bigger zygote than it needs, never a smaller one
 # Run once in a scientific zygote before it forks anything: sympy imports many submodules lazily on first
 # use (factor alone pulls in 16), which every child would otherwise redo.
 WARMUP = """
@@ -63,8 +68,8 @@ class _Worker:
         self.pending: dict[int, tuple[Future, float]] = {}  # id -> (future, host deadline)
         self.lock = threading.Lock()
         self.alive = False
-        cfg = {"preload": list(pool.preload if kind == "sci" else LEAN_PRELOAD),
-               "warmup": WARMUP if kind == "sci" else "", "slots": pool.slots, "env": CHILD_ENV,
+        cfg = {"preload": list({"lean": LEAN_PRELOAD, "sci": SCI_PRELOAD, "full": pool.preload}[kind]),
+               "warmup": WARMUP if kind != "lean" else "", "slots": pool.slots, "env": CHILD_ENV,
                "sweep": pool.isolation.sweep, "private_tmp": pool.isolation.per_call_uid,
                "uid_base": (pool.uid_base + index * pool.slots) if pool.isolation.per_call_uid else None,
                "workdir": "/tmp/rstar2-sbx" if pool.isolation.mode == "bwrap" else pool.host_workdir(index)}
@@ -127,10 +132,11 @@ class _Worker:
 
 
 class Pool:
-    """A pool of ``workers`` scientific zygotes (``preload`` imported, warmed up) plus ``lean_workers``
-    (default: as many) stdlib-only zygotes, each with ``slots`` concurrent children. Code that mentions
-    numpy/sympy/scipy/... goes to a scientific zygote, other code to a lean one (cheaper fork); either kind
-    runs any code.
+    """A pool of zygotes in three sizes, each with ``slots`` concurrent children: ``workers`` scientific ones
+    (numpy, sympy, mpmath imported and warmed up), ``full_workers`` (default: as many) that hold all of
+    ``preload`` (scipy, matplotlib, ...), and ``lean_workers`` (default: as many) stdlib-only ones. A call goes
+    to the smallest kind that holds every library its code names (a smaller zygote forks faster); any kind runs
+    any code, importing what it lacks.
 
     ``submit(code, stdin, limits) -> Future[ExecResult]``; ``run_many([(code, stdin), ...]) -> list[ExecResult]``
     in input order. isolation: ``auto`` | ``bwrap`` | ``uid`` | ``none`` (see :mod:`.isolation`); raises
@@ -139,7 +145,8 @@ class Pool:
 
     def __init__(self, limits: SandboxLimits | None = None, workers: int | None = None, slots: int = 32,
                  isolation: str = "auto", allow_unsandboxed: bool = False, preload=DEFAULT_PRELOAD,
-                 grace_s: float = 2.0, uid_base: int = 61000, tmpfs_mb: int = 256, lean_workers: int | None = None):
+                 grace_s: float = 2.0, uid_base: int = 61000, tmpfs_mb: int = 256, lean_workers: int | None = None,
+                 full_workers: int | None = None):
         self.limits = limits or SandboxLimits()
         self.slots, self.preload, self.grace_s, self.uid_base, self.tmpfs_mb = slots, tuple(preload), grace_s, \
             uid_base, tmpfs_mb
@@ -149,11 +156,12 @@ class Pool:
         self._lock = threading.Lock()
         self._closed = False
         self._host_dirs: list[str] = []
-        n_lean = n if lean_workers is None else lean_workers
+        counts = {"sci": n, "full": n if full_workers is None else full_workers,
+                  "lean": n if lean_workers is None else lean_workers}
         self._spawn_q: queue.Queue = queue.Queue()
         threading.Thread(target=self._spawner, daemon=True).start()
-        starting = [self._spawn(i, "sci") for i in range(n)] + \
-            [self._spawn(n + i, "lean") for i in range(n_lean)]  # zygotes import in parallel
+        kinds = [k for k in ("sci", "full", "lean") for _ in range(counts[k])]
+        starting = [self._spawn(i, k) for i, k in enumerate(kinds)]  # zygotes import in parallel
         try:
             self.workers = [w.wait_ready() for w in starting]
         except Exception:
@@ -181,7 +189,7 @@ class Pool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("sandbox pool is closed")
-            kind = "sci" if _SCI.search(code) or not any(w.kind == "lean" for w in self.workers) else "lean"
+            kind = self._kind_for(code)
             worker = min((w for w in self.workers if w.alive and w.kind == kind), key=lambda w: len(w.pending),
                          default=None)
             if worker is None:
@@ -189,6 +197,13 @@ class Pool:
             call_id = next(self._ids)
         worker.submit(call_id, code, stdin, limits or self.limits, fut)
         return fut
+
+    def _kind_for(self, code: str) -> str:
+        """The smallest zygote kind this pool has that holds every library ``code`` names."""
+        need = 2 if _FULL.search(code) else 1 if _SCI.search(code) else 0
+        have = {w.kind for w in self.workers}
+        bigger = [k for k in KINDS[need:] if k in have]
+        return bigger[0] if bigger else max(have, key=KINDS.index)
 
     def run_many(self, calls: list[tuple[str, str]], limits: SandboxLimits | None = None) -> list[ExecResult]:
         """Run ``(code, stdin)`` pairs concurrently; results in input order."""
