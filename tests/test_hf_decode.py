@@ -1,9 +1,11 @@
 """hf_decode: the shrinking-batch sampler gives generate()'s tokens and honours each row's own limit."""
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from rstar2.models import tiny_qwen3
-from rstar2.rollout.hf_decode import decode_shrinking, sample_next
+from rstar2.rollout.hf_decode import (GQA_DECODE, PreallocatedLayer, decode_shrinking, gqa_decode_attention,
+                                      sample_next)
 
 
 def _model():
@@ -67,3 +69,37 @@ def test_top_p_on_a_flat_distribution_falls_back_to_the_whole_vocabulary():
     torch.manual_seed(0)
     seen = {int(t) for _ in range(40) for t in sample_next(torch.zeros(64, 1000), 1.0, 0.9)}
     assert len(seen) > 800 and max(seen) >= 256
+
+
+def test_decoding_uses_grouped_query_attention_and_restores_sdpa():
+    model, tok = _model()
+    assert model.config._attn_implementation == "sdpa" and model.model.layers[0].self_attn.num_key_value_groups == 2
+    seen = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: (seen.append(model.config._attn_implementation), forward(*a, **kw))[1]
+    decode_shrinking(model, [tok.encode("a b"), tok.encode("c")], [3, 3], stop_id=-1, pad_id=0, temperature=0, top_p=1.0)
+    assert seen and set(seen) == {GQA_DECODE}
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_grouped_query_attention_equals_sdpa_with_repeated_heads():
+    model, _ = _model()
+    attn = model.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, h, n, 8, generator=g, dtype=torch.float64) for h, n in ((4, 1), (2, 5), (2, 5)))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
+    got, _ = gqa_decode_attention(attn, q, k, v, mask, scaling=0.35)
+    want, _ = sdpa_attention_forward(attn, q, k, v, mask, scaling=0.35)
+    torch.testing.assert_close(got, want)
+
+
+def test_preallocated_layer_grows_past_its_capacity_and_drops_rows():
+    layer = PreallocatedLayer(capacity=2)
+    chunks = [torch.randn(3, 2, n, 4) for n in (2, 1, 3)]
+    for c in chunks:
+        keys, values = layer.update(c, -c)
+    torch.testing.assert_close(keys, torch.cat(chunks, dim=-2))
+    torch.testing.assert_close(values, -torch.cat(chunks, dim=-2))
+    layer.batch_select_indices(torch.tensor([2, 0]))
+    torch.testing.assert_close(layer.keys, torch.cat(chunks, dim=-2)[[2, 0]])
+    assert layer.get_seq_length() == 6

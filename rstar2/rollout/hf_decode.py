@@ -8,11 +8,113 @@ leaves the batch (and the KV cache) when it emits the stop token or reaches its 
 
 Sampling follows ``generate``'s warpers in the same order: temperature, then top-p (nucleus: the smallest
 set of tokens whose probability reaches ``top_p``, at least one); temperature 0 is greedy.
+
+A decode step on a CPU is bound by copying the KV cache, not by arithmetic: ``DynamicCache`` concatenates
+every layer's whole cache for each new token, and ``transformers``' SDPA path expands a grouped-query cache to
+one copy per query head (``repeat_kv``) whenever a padding mask is given. Here the cache is preallocated for
+the batch's longest possible row and written in place (``PreallocatedCache``), and a one-token query attends
+to the grouped cache directly (``gqa_decode_attention``). Measured on 2 cores, SmolLM2-135M, batch 32 with
+400-token prompts, bf16 autocast: a decode step took 1.49 s with ``DynamicCache`` and ``repeat_kv``, 0.36-0.42 s
+without ``repeat_kv``, 0.26 s with the preallocated cache as well (the same greedy tokens).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+GQA_DECODE = "rstar2_gqa_decode"
+
+
+def gqa_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                         is_causal=None, **kwargs):
+    """``transformers`` attention function: SDPA, except that a one-token query of a grouped-query layer
+    attends to the cache's ``num_key_value_heads`` directly, its ``n_rep`` query heads per KV head folded into
+    the query-length axis, instead of through ``repeat_kv`` copies of the whole cache.
+
+    query [B, H, q, D], key/value [B, H_kv, L, D], attention_mask [B, 1, q, >= L] (bool) or None.
+    Returns (output [B, q, H, D], None) like ``sdpa_attention_forward``, to which every other case goes.
+    """
+    n_rep = getattr(module, "num_key_value_groups", 1)
+    batch, heads, q_len, dim = query.shape
+    if q_len != 1 or n_rep == 1 or dropout or kwargs.get("output_attentions"):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+    # repeat_kv maps query head h to KV head h // n_rep, so heads of one KV head are consecutive
+    out = F.scaled_dot_product_attention(query.reshape(batch, heads // n_rep, n_rep, dim), key, value,
+                                         attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, 1, heads, dim), None
+
+
+AttentionInterface.register(GQA_DECODE, gqa_decode_attention)
+AttentionMaskInterface.register(GQA_DECODE, sdpa_mask)
+
+
+@contextlib.contextmanager
+def grouped_query_decoding(model):
+    """Within the block, a model that uses ``sdpa`` attention uses ``gqa_decode_attention`` (same results)."""
+    config = model.config
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        yield
+        return
+    config._attn_implementation = GQA_DECODE
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer written in place into buffers of ``capacity`` positions (doubled if ever exceeded);
+    ``keys``/``values`` are views [B, H_kv, n, D] of the first n positions. Dropping rows copies the buffers."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.k_buf = key_states.new_empty(*key_states.shape[:2], self.capacity, key_states.shape[-1])
+        self.v_buf = value_states.new_empty(*value_states.shape[:2], self.capacity, value_states.shape[-1])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.k_buf.shape[-2]:
+            self.k_buf, self.v_buf = (torch.cat([b[..., : self.length, :], b.new_empty(
+                *b.shape[:2], max(end, 2 * b.shape[-2]) - self.length, b.shape[-1])], dim=-2)
+                for b in (self.k_buf, self.v_buf))
+        self.k_buf[..., self.length: end, :] = key_states
+        self.v_buf[..., self.length: end, :] = value_states
+        self.length = end
+        self.keys, self.values = self.k_buf[..., :end, :], self.v_buf[..., :end, :]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.length:
+            self.k_buf, self.v_buf = self.k_buf[indices], self.v_buf[indices]
+            self.keys, self.values = self.k_buf[..., : self.length, :], self.v_buf[..., : self.length, :]
+
+
+class PreallocatedCache(Cache):
+    """A ``transformers`` cache of ``PreallocatedLayer``s of ``capacity`` positions each."""
+
+    def __init__(self, capacity: int):
+        super().__init__(layer_class_to_replicate=lambda: PreallocatedLayer(capacity))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the rows ``indices`` (int64 [rows]) of every layer."""
+        for layer in self.layers:
+            layer.batch_select_indices(indices)
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -53,17 +155,21 @@ def decode_shrinking(model, prompts: list[list[int]], limits: list[int], stop_id
     Returns:
         The new token ids per row, in input order: ending in ``stop_id``, or exactly ``limits[i]`` long.
     """
-    from transformers import DynamicCache
-
     device = getattr(model, "device", torch.device("cpu"))
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    cache = DynamicCache()
+    cache = PreallocatedCache(width + max(limits))
+    with grouped_query_decoding(model):
+        return _decode(model, ids, mask, cache, len(prompts), limits, stop_id, temperature, top_p)
+
+
+def _decode(model, ids, mask, cache, n_rows, limits, stop_id, temperature, top_p) -> list[list[int]]:
+    device = ids.device
     out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
-    rows = list(range(len(prompts)))          # input index of each row still in the batch
-    new: list[list[int]] = [[] for _ in prompts]
+    rows = list(range(n_rows))                # input index of each row still in the batch
+    new: list[list[int]] = [[] for _ in range(n_rows)]
     while True:
         nxt = sample_next(out.logits[:, -1, :], temperature, top_p)
         keep = []
