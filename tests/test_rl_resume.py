@@ -123,3 +123,22 @@ def test_killed_stage_resumes_with_same_steps_data_order_and_weights(setup):
         assert torch.allclose(w[k], w_ref[k], rtol=1e-5, atol=1e-7), k
     base = _weights(root / "model")
     assert any(not torch.equal(w[k], base[k]) for k in w), "training changed nothing"
+
+
+def test_fingerprint_changes_with_the_reward_code(tmp_path, monkeypatch):
+    """A checkpoint trained under another grader is not resumed: the reward modules' source is fingerprinted."""
+    from rstar2.rl import checkpoints
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "w.bin").write_bytes(b"w")
+    (tmp_path / "d.jsonl").write_text("{}\n")
+    pkg = tmp_path / "pkg"
+    for m in checkpoints.REWARD_MODULES:
+        (pkg / m).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / m).write_text("# v1\n")
+    monkeypatch.setattr(checkpoints, "PACKAGE", pkg)
+    args = ({"lr": 1}, tmp_path / "model", tmp_path / "d.jsonl")
+    before = checkpoints.fingerprint(*args)
+    assert checkpoints.fingerprint(*args) == before
+    (pkg / "grading.py").write_text("# v2: integer answers only\n")
+    assert checkpoints.fingerprint(*args) != before

@@ -6,7 +6,7 @@ rerunning it and would otherwise take the checkpoints with them. Each checkpoint
 ``checkpoint-<step>/`` (model, optimizer, LR scheduler, RNG states, trainer state with the step counter,
 from which the data position follows) plus our ``rstar2_state.json`` (rollout step and RoC selection RNG),
 written last as the completeness marker. ``fingerprint.json`` ties the folder to one set of inputs: params,
-the training data and the starting model; any change discards the old checkpoints. The stage deletes the
+the training data, the starting model and the reward code; any change discards the old checkpoints. The stage deletes the
 folder after its manifest is written. To force a fresh start, delete ``results/rl/checkpoints/<stage>``.
 """
 
@@ -37,12 +37,19 @@ def _file_sha(path: Path) -> str:
     return h.hexdigest()
 
 
+# The code that defines a rollout's reward and advantage: a checkpoint trained under other rules (a grading
+# fix, a different tool-call parser) is another experiment, not one to resume.
+REWARD_MODULES = ("grading.py", "data/answers.py", "chat.py", "rl/roc.py")
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
 def fingerprint(params: dict, model_dir: str | os.PathLike, data_path: str | os.PathLike) -> str:
     """Digest of what determines a stage's training run: params, data file contents, model folder contents
-    (names, sizes and contents of every file)."""
+    (names, sizes and contents of every file) and the source of the reward code (``REWARD_MODULES``)."""
     model_files = sorted(p for p in Path(model_dir).rglob("*") if p.is_file())
     return digest({"params": params, "data": _file_sha(Path(data_path)),
-                   "model": [(str(p.relative_to(model_dir)), p.stat().st_size, _file_sha(p)) for p in model_files]})
+                   "model": [(str(p.relative_to(model_dir)), p.stat().st_size, _file_sha(p)) for p in model_files],
+                   "reward_code": {m: _file_sha(PACKAGE / m) for m in REWARD_MODULES}})
 
 
 def latest_complete(root: Path) -> Path | None:
