@@ -251,3 +251,72 @@ def test_uid_fallback_contains_the_process_attacks():
         assert bomb.result(timeout=LIM.timeout_s + 5).status == "timeout"
         time.sleep(0.3)
         assert _leftovers(p) == []
+
+
+def test_full_tmp_and_unencodable_stdin_fail_no_neighbour():
+    """A call that fills the zygote's /tmp, or stdin with a lone surrogate (valid JSON, not UTF-8), must not
+    take down the zygote and the calls beside it (found by a user trial: both did)."""
+    with Pool(LIM, workers=1, lean_workers=1, full_workers=0, slots=6, tmpfs_mb=8) as p:
+        before = _zygote_pids(p)
+        filler = ("import os\ntry:\n    with open('/tmp/fill', 'wb') as f:\n        while True:\n"
+                  "            f.write(bytes(1 << 16)); f.flush()\nexcept OSError as e:\n    print(e.errno)\n"
+                  "import time\ntime.sleep(1.0)")
+        fill = p.submit(filler)
+        time.sleep(0.5)
+        neighbours = [p.submit("import time\ntime.sleep(0.5)\nprint(input())", "hi") for _ in range(3)]
+        odd = p.submit("print(repr(input()))", "\ud800x")
+        if p.isolation.mode == "bwrap":  # the tmpfs is the zygote's: 28 = ENOSPC; elsewhere the file cap (27)
+            assert fill.result().stdout in ("28\n", "27\n"), fill.result()
+        assert [f.result().stdout for f in neighbours] == ["hi\n"] * 3
+        assert odd.result().status == "ok" and odd.result().stdout == "'?x'\n", odd.result()
+        assert _zygote_pids(p) == before and p.restarts == 0
+
+
+def test_output_printed_before_a_timeout_comes_back(pool):
+    res = contained(pool, "print('partial result 42')\nwhile True:\n    pass", expect="timeout")
+    assert res.stdout == "partial result 42\n"
+
+
+def test_limits_that_cannot_work_are_refused():
+    for bad in ({"timeout_s": 0}, {"timeout_s": -1}, {"cpu_s": 0}, {"max_processes": 0}, {"memory_mb": 8}):
+        with pytest.raises(ValueError, match="SandboxLimits"):
+            SandboxLimits(**bad)
+
+
+def test_a_slow_call_does_not_hold_back_its_batch():
+    """Local pool: each call of a client batch resolves when its own result is ready."""
+    import asyncio
+
+    from rstar2.sandbox import make_client
+
+    async def go(client):
+        t0 = time.monotonic()
+        slow = asyncio.ensure_future(client.run("while True:\n    pass"))
+        fast = await asyncio.gather(*[client.run("print(1)") for _ in range(20)])
+        t_fast = time.monotonic() - t0
+        return (await slow), fast, t_fast
+
+    lim = SandboxLimits(timeout_s=4.0)
+    with make_client(limits=lim, workers=1, lean_workers=1, full_workers=0, slots=32, batch_timeout_s=0.05) as c:
+        slow, fast, t_fast = asyncio.run(go(c))
+        assert c.batches_sent == 1  # all 21 calls travelled in one batch
+    assert slow.status == "timeout" and [r.stdout for r in fast] == ["1\n"] * 20
+    assert t_fast < 2.0, f"the fast calls waited {t_fast:.1f} s for the batch's slow call"
+
+
+def test_a_venv_reached_through_a_symlink_is_the_sandbox_python(tmp_path):
+    """bwrap binds the venv's real path; Python finds pyvenv.cfg next to the path it was started by, so the
+    symlinked path must be there too, or the sandbox runs the base interpreter without the venv's packages."""
+    import subprocess
+    import sys
+
+    if os.path.realpath(sys.prefix) == os.path.realpath(sys.base_prefix):
+        pytest.skip("not running in a venv")
+    link = tmp_path / "venv-link"
+    link.symlink_to(os.path.realpath(sys.prefix))
+    code = ("from rstar2.sandbox import execute\n"
+            "r = execute('import sys\\nprint(sys.prefix)')\nprint(r.status, r.stdout.strip())")
+    out = subprocess.run([str(link / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": REPO}, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ok", str(link)], out.stdout

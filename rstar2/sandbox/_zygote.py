@@ -74,7 +74,9 @@ class _CountingFile(io.FileIO):
 def _run_snippet(code: str) -> int:
     """Runs in the forked child. Returns the exit code (0 ok, 1 uncaught exception, or the sys.exit code)."""
     out_raw = _CountingFile(1, "w", closefd=False)
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(out_raw), encoding="utf-8", errors="backslashreplace")
+    # line-buffered: what a call printed before it was killed (timeout, output cap) still comes back
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(out_raw), encoding="utf-8", errors="backslashreplace",
+                                  line_buffering=True)
     sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), encoding="utf-8",
                                   errors="backslashreplace", line_buffering=True)
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8",
@@ -117,7 +119,7 @@ def _run_snippet(code: str) -> int:
     return code_rc
 
 
-def _child(req: dict, slot: int, out_w: int, err_w: int, jobdir: str) -> None:
+def _child(req: dict, slot: int, fd_in: int, out_w: int, err_w: int, jobdir: str) -> None:
     """The forked child: isolate, limit, then run the snippet. Never returns."""
     rc = 1
     try:
@@ -125,8 +127,6 @@ def _child(req: dict, slot: int, out_w: int, err_w: int, jobdir: str) -> None:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-        fd_in = os.open(os.path.join(jobdir, ".stdin"), os.O_RDONLY)
-        os.unlink(os.path.join(jobdir, ".stdin"))
         os.chmod(jobdir, 0o700 if UID_BASE is not None else 0o755)
         os.dup2(fd_in, 0)
         os.dup2(out_w, 1)
@@ -247,22 +247,41 @@ def main() -> None:
     eof = False
 
     def start(req):
+        """Fork the call's child; a setup failure (no space for its directory, ...) fails this call only."""
         slot = free.pop()
         jobdir = os.path.join(WORKDIR, f"job{slot}")
-        _rmtree(jobdir)
-        os.makedirs(jobdir, mode=0o700, exist_ok=True)
-        with open(os.path.join(jobdir, ".stdin"), "w", encoding="utf-8") as f:
-            f.write(req.get("stdin") or "")
-        if UID_BASE is not None:
-            uid = int(UID_BASE) + slot
-            os.chown(jobdir, uid, uid)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        pid = os.fork()
+        fds = []
+        try:
+            _rmtree(jobdir)
+            os.makedirs(jobdir, mode=0o700, exist_ok=True)
+            if UID_BASE is not None:
+                uid = int(UID_BASE) + slot
+                os.chown(jobdir, uid, uid)
+            # stdin lives in memory (a memfd), not in the shared /tmp a neighbour may have filled; a lone
+            # surrogate (valid JSON, not encodable) becomes U+FFFD instead of an exception
+            fd_in = os.memfd_create("stdin")
+            fds.append(fd_in)
+            data = (req.get("stdin") or "").encode("utf-8", errors="replace")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd_in, view):]
+            os.lseek(fd_in, 0, os.SEEK_SET)
+            out_r, out_w = os.pipe()
+            fds += [out_r, out_w]
+            err_r, err_w = os.pipe()
+            fds += [err_r, err_w]
+            pid = os.fork()
+        except Exception as e:
+            for fd in fds:
+                os.close(fd)
+            free.append(slot)
+            _answer({"id": req.get("id"), "status": "error", "exit_code": None, "stdout": "",
+                     "stderr": f"sandbox setup failed: {type(e).__name__}: {e}", "duration_s": 0.0})
+            return
         if pid == 0:
-            _child(req, slot, out_w, err_w, jobdir)
-        os.close(out_w)
-        os.close(err_w)
+            _child(req, slot, fd_in, out_w, err_w, jobdir)
+        for fd in (fd_in, out_w, err_w):
+            os.close(fd)
         job = Job()
         job.req, job.pid, job.slot, job.jobdir = req, pid, slot, jobdir
         job.start = time.monotonic()
@@ -273,6 +292,10 @@ def main() -> None:
             os.set_blocking(fd, False)
             sel.register(fd, selectors.EVENT_READ, (job, which))
         jobs[pid] = job
+
+    def _answer(res):
+        proto_out.write(json.dumps(res) + "\n")
+        proto_out.flush()
 
     def finish(job):
         _kill_group(job.pid)
@@ -306,8 +329,7 @@ def main() -> None:
                 status = "ok" if rc == 0 else "error"
         res = {"id": job.req["id"], "status": status, "exit_code": rc, "stdout": stdout, "stderr": stderr,
                "duration_s": round(time.monotonic() - job.start, 4)}
-        proto_out.write(json.dumps(res) + "\n")
-        proto_out.flush()
+        _answer(res)
         _rmtree(job.jobdir)
         free.append(job.slot)
 

@@ -2,7 +2,8 @@
 
 Every tool call is awaited on its own, but calls are grouped: a send worker takes up to ``batch_size``
 (paper: 64) queued calls, dispatching when the batch is full or ``batch_timeout_s`` after its first call,
-and waits for that batch's results before taking the next (spec §3.3 describes the released version).
+and waits for that batch's results before taking the next (spec §3.3 describes the released version). On
+a local pool each call's result is handed back as soon as it is ready; over HTTP, with the whole batch.
 Batches go to a local :class:`~rstar2.sandbox.pool.Pool` or, with ``url``, to the HTTP service
 (:mod:`rstar2.sandbox.service`, code-judge's ``/run/long-batch`` shape).
 
@@ -114,6 +115,9 @@ class SandboxClient:
             if batch is None:
                 return
             self.batches_sent += 1
+            if self.url is None:
+                self._run_local(batch)
+                continue
             try:
                 results = self._dispatch([(c, s) for c, s, _ in batch])
             except Exception as e:  # a transport failure becomes the calls' result, as in rStar's _call_tool
@@ -122,10 +126,32 @@ class SandboxClient:
                 if not fut.done():
                     fut.set_result(res)
 
+    def _run_local(self, batch) -> None:
+        """Each call's future resolves when its own result arrives (a slow call does not hold back the fast
+        ones of its batch); the send worker takes its next batch once this one is done."""
+        def relay(src, fut):
+            if not fut.done():
+                try:
+                    fut.set_result(src.result())
+                except Exception as e:  # the pool never fails a call; keep the caller from hanging if it did
+                    fut.set_result(ExecResult("error", None, "", f"Error when executing tool: {e!r}", 0.0))
+        try:
+            sent = [(self.pool.submit(c, s, self.limits), fut) for c, s, fut in batch]
+        except Exception as e:  # e.g. the pool was closed
+            for _, _, fut in batch:
+                if not fut.done():
+                    fut.set_result(ExecResult("error", None, "", f"Error when executing tool: {e!r}", 0.0))
+            return
+        for src, fut in sent:
+            src.add_done_callback(lambda f, fut=fut: relay(f, fut))
+        for src, _ in sent:
+            src.exception()  # wait (never raises) for the whole batch: one batch in flight per send worker
+
     def _dispatch(self, calls: list[tuple[str, str]]) -> list[ExecResult]:
-        if self.url is None:
-            return self.pool.run_many(calls, self.limits)
-        body = {"type": "batch", "submissions": [{"type": "python", "solution": c, "input": s} for c, s in calls]}
+        """One HTTP request for the batch (code-judge's /run/long-batch); results in input order."""
+        lim = self.limits.__dict__
+        body = {"type": "batch", "submissions": [{"type": "python", "solution": c, "input": s, "limits": lim}
+                                                 for c, s in calls]}
         req = urllib.request.Request(self.url.rstrip("/") + "/run/long-batch", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
         with urllib.request.urlopen(req, timeout=self.http_timeout_s) as resp:

@@ -93,6 +93,9 @@ def detect(mode: str = "auto", allow_unsandboxed: bool = False) -> Isolation:
     elif allow_unsandboxed:
         iso = Isolation("none", root, per_call_uid=False, sweep="none", network=False, filesystem=False,
                         notes=["resource limits only"])
+    elif mode == "none":
+        raise RuntimeError("sandbox isolation 'none' (resource limits only) was requested; refusing to run "
+                           "model-written code unsandboxed unless sandbox.allow_unsandboxed is true")
     else:
         raise RuntimeError("no sandbox isolation is available (no working bubblewrap and not root); refusing "
                            "to run model-written code unsandboxed. Install 'bubblewrap', or set "
@@ -135,7 +138,15 @@ def zygote_command(iso: Isolation, config_json: str, python: str | None = None, 
         if not path.startswith("/usr/"):
             _mkdirs(args, path, made)
             args += ["--ro-bind", path, path]
-    if sys.executable != os.path.realpath(sys.executable) and not sys.executable.startswith((prefix, "/usr/")):
+    # A venv reached through a symlink (``.venv -> /elsewhere/.venv``): Python looks for pyvenv.cfg next to the
+    # path it was started by, so the venv must also appear there, or the sandbox silently runs the base
+    # interpreter's site-packages instead of the venv's.
+    raw_prefix = os.path.abspath(sys.prefix)
+    if raw_prefix != prefix:
+        _mkdirs(args, raw_prefix, made)
+        args += ["--ro-bind", prefix, raw_prefix]
+    if sys.executable != os.path.realpath(sys.executable) and \
+            not sys.executable.startswith((prefix, raw_prefix + os.sep, "/usr/")):
         _mkdirs(args, sys.executable, made)
         args += ["--ro-bind", sys.executable, sys.executable]
     _mkdirs(args, ZYGOTE_IN_SANDBOX, made)

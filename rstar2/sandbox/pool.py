@@ -68,7 +68,8 @@ class _Worker:
         self.pending: dict[int, tuple[Future, float]] = {}  # id -> (future, host deadline)
         self.lock = threading.Lock()
         self.alive = False
-        cfg = {"preload": list({"lean": LEAN_PRELOAD, "sci": SCI_PRELOAD, "full": pool.preload}[kind]),
+        self.want = list({"lean": LEAN_PRELOAD, "sci": SCI_PRELOAD, "full": pool.preload}[kind])
+        cfg = {"preload": self.want,
                "warmup": WARMUP if kind != "lean" else "", "slots": pool.slots, "env": CHILD_ENV,
                "sweep": pool.isolation.sweep, "private_tmp": pool.isolation.per_call_uid,
                "uid_base": (pool.uid_base + index * pool.slots) if pool.isolation.per_call_uid else None,
@@ -87,6 +88,11 @@ class _Worker:
             err = self.proc.stderr.read().decode(errors="replace")[-2000:]
             raise RuntimeError(f"sandbox zygote failed to start ({' '.join(cmd[:3])} ...): {err}")
         self.info = json.loads(hello)
+        missing = [m for m in self.want if m not in self.info.get("preloaded", [])]
+        if missing:  # the calls still run (importing on demand), only slower: say so
+            log.warning("sandbox zygote %d (%s) could not import %s; calls that use them import them each time "
+                        "(or fail if they are not installed in the sandbox's Python)", self.index, self.kind,
+                        ", ".join(missing))
         self.alive = True
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         threading.Thread(target=self._read, daemon=True).start()
@@ -189,21 +195,24 @@ class Pool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("sandbox pool is closed")
-            kind = self._kind_for(code)
-            worker = min((w for w in self.workers if w.alive and w.kind == kind), key=lambda w: len(w.pending),
-                         default=None)
-            if worker is None:
-                worker = self._replace_dead(kind)
+            worker = self._pick(code)
             call_id = next(self._ids)
         worker.submit(call_id, code, stdin, limits or self.limits, fut)
         return fut
 
-    def _kind_for(self, code: str) -> str:
-        """The smallest zygote kind this pool has that holds every library ``code`` names."""
+    def _pick(self, code: str) -> _Worker:
+        """The zygote for ``code``: among those that hold every library it names (any, if none does), the
+        smallest kind with a free slot, least busy first; when all are full, the least busy of them.
+        A call queued behind full slots waits far longer than a bigger zygote's slower fork takes."""
         need = 2 if _FULL.search(code) else 1 if _SCI.search(code) else 0
-        have = {w.kind for w in self.workers}
-        bigger = [k for k in KINDS[need:] if k in have]
-        return bigger[0] if bigger else max(have, key=KINDS.index)
+        alive = [w for w in self.workers if w.alive]
+        able = [w for w in alive if KINDS.index(w.kind) >= need] or alive
+        if not able:
+            return self._replace_dead()
+        free = [w for w in able if len(w.pending) < self.slots]
+        if free:
+            return min(free, key=lambda w: (KINDS.index(w.kind), len(w.pending)))
+        return min(able, key=lambda w: len(w.pending))
 
     def run_many(self, calls: list[tuple[str, str]], limits: SandboxLimits | None = None) -> list[ExecResult]:
         """Run ``(code, stdin)`` pairs concurrently; results in input order."""

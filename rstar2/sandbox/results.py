@@ -40,6 +40,14 @@ class SandboxLimits:
     max_processes: int = 64
     max_file_mb: int = 16
 
+    def __post_init__(self):
+        """Raises ValueError for a limit that cannot work (zero or negative; memory below 16 MB)."""
+        bad = {k: v for k, v in self.__dict__.items() if not isinstance(v, (int, float)) or v <= 0}
+        if bad:
+            raise ValueError(f"SandboxLimits: every limit must be a positive number, got {bad}")
+        if self.memory_mb < 16:
+            raise ValueError(f"SandboxLimits: memory_mb={self.memory_mb} leaves a call no room to run (min 16)")
+
 
 def truncate_middle(text: str, max_chars: int) -> str:
     """Keep the first and last ``max_chars // 2`` characters, joined by a marker (verl's middle truncation)."""
