@@ -222,6 +222,8 @@ def test_a_lost_call_is_an_internal_error():
 def test_limits_are_validated_and_capped_field_by_field():
     with pytest.raises(ValueError, match=r"subs\[3\]\.limits\.cpu_s"):
         parse_limits({"cpu_s": 1.5}, "subs[3].limits")
+    with pytest.raises(ValueError, match=r"subs\[0\]\.limits\.timeout_s"):
+        parse_limits({"timeout_s": float("nan")}, "subs[0].limits")
     with pytest.raises(ValueError, match="must be an object"):
         parse_limits([1], "subs[0].limits")
     assert parse_limits(None, "x") == {}

@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -95,7 +96,7 @@ def parse_limits(raw, where: str) -> dict:
         typ = LIMIT_TYPES.get(k)
         if typ is None:
             raise ValueError(f"{where}.{k}: unknown limit; expected one of {', '.join(LIMIT_TYPES)}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or \
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf or \
                 (typ is int and not float(v).is_integer()):
             raise ValueError(f"{where}.{k} must be a positive {typ.__name__}, got {v!r}")
     return dict(raw)
@@ -108,7 +109,7 @@ def cap_limits(requested: dict, maxima: SandboxLimits) -> SandboxLimits:
     for name, typ in LIMIT_TYPES.items():
         top = getattr(maxima, name)
         v = requested.get(name)
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
         out[name] = typ(min(v, top)) if ok else top
     return SandboxLimits(**out)
 
