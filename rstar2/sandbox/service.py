@@ -224,6 +224,10 @@ def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: flo
                 want = {**lim, **parse_limits(s.get("limits"), f"submissions[{i}].limits")}
             except ValueError as e:
                 raise HTTPException(422, str(e)) from None
+            try:
+                SandboxLimits(**want)  # whatever else SandboxLimits itself refuses
+            except ValueError as e:
+                raise HTTPException(422, f"submissions[{i}].limits: {e}") from None
             jid = uuid.uuid4().hex
             sub_ids.append(s.get("sub_id") or jid)
             jids.append(jid)
@@ -351,7 +355,11 @@ def run_worker(redis_url: str, pool: Pool, stop: threading.Event | None = None, 
             slots.release()
             log.info("sandbox worker: dropped job %s, its API stopped waiting", job.get("id"))
             continue
-        lim = cap_limits(job.get("limits") or {}, maxima)
+        try:
+            lim = cap_limits(job.get("limits") or {}, maxima)
+        except ValueError as e:  # a producer other than our API sent limits SandboxLimits refuses
+            answer(job, ExecResult("error", None, "", f"sandbox worker refused the job's limits: {e}", 0.0))
+            continue
         try:
             fut = pool.submit(code, job.get("stdin") or "", lim)
         except RuntimeError as e:  # no zygote could be started (or the pool is closing): answer, keep going
