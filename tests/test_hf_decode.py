@@ -103,3 +103,17 @@ def test_preallocated_layer_grows_past_its_capacity_and_drops_rows():
     layer.batch_select_indices(torch.tensor([2, 0]))
     torch.testing.assert_close(layer.keys, torch.cat(chunks, dim=-2)[[2, 0]])
     assert layer.get_seq_length() == 6
+
+
+def test_bf16_decoding_uses_a_bfloat16_copy_of_the_current_weights():
+    from rstar2.rollout.engines import inference_copy
+
+    model, _ = tiny_qwen3(hidden_size=32, num_layers=2, num_heads=4, seed=3)
+    assert inference_copy(model, "fp32") is model
+    copy = inference_copy(model, "bf16")
+    assert copy is not model and copy.dtype == torch.bfloat16 and model.dtype == torch.float32
+    w = model.model.layers[0].mlp.up_proj.weight
+    torch.testing.assert_close(copy.model.layers[0].mlp.up_proj.weight, w.detach().to(torch.bfloat16))
+    with torch.no_grad():
+        w.add_(1.0)  # a later optimizer step does not reach the copy, and the copy does not alias the weights
+    assert not torch.equal(copy.model.layers[0].mlp.up_proj.weight, w.detach().to(torch.bfloat16))

@@ -14,7 +14,7 @@ from typing import Callable
 from .. import sandbox
 from .agent_loop import (AgentLoop, DelayedToolRunner, Progress, RolloutConfig, ToolRunner,
                          Trajectory, grade_all)
-from .engines import Generation, HFEngine, OpenAIEngine, VLLMEngine, engines_for_trainer
+from .engines import Generation, HFEngine, OpenAIEngine, VLLMEngine, engines_for_trainer, inference_copy
 from .scheduler import Scheduler
 
 __all__ = ["AgentLoop", "DelayedToolRunner", "Generation", "HFEngine", "Progress", "RolloutConfig", "Scheduler",
@@ -61,8 +61,9 @@ def default_engines(model, tok, cfg: RolloutConfig) -> list:
         return [VLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, kv_tokens=cfg.kv_cache_tokens)]
     if hasattr(model, "eval"):
         model.eval()
-    return [HFEngine(model, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size, kv_tokens=cfg.kv_cache_tokens,
-                     precision=cfg.precision)
+    decoder = inference_copy(model, cfg.precision)
+    return [HFEngine(decoder, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size,
+                     kv_tokens=cfg.kv_cache_tokens, precision=cfg.precision)
             for _ in range(cfg.num_engines)]
 
 
