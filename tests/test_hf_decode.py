@@ -117,3 +117,16 @@ def test_bf16_decoding_uses_a_bfloat16_copy_of_the_current_weights():
     with torch.no_grad():
         w.add_(1.0)  # a later optimizer step does not reach the copy, and the copy does not alias the weights
     assert not torch.equal(copy.model.layers[0].mlp.up_proj.weight, w.detach().to(torch.bfloat16))
+
+
+def test_grouped_query_prefill_equals_sdpa_with_repeated_heads():
+    model, _ = _model()
+    attn = model.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, h, 5, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    pad = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], dtype=torch.bool)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None, None] & pad[:, None, None, :]
+    for m in (mask, None):  # padded batch; and no mask at all (causal)
+        got, _ = gqa_decode_attention(attn, q, k, v, m, scaling=0.35)
+        want, _ = sdpa_attention_forward(attn, q, k, v, m, scaling=0.35)
+        torch.testing.assert_close(got[:, 2:] if m is not None else got, want[:, 2:] if m is not None else want)

@@ -4,7 +4,8 @@
 (finished rows are only overwritten with padding), and uses one ``max_new_tokens`` for all rows. On a CPU,
 where a decode step costs about the same per row whatever the others do, that wastes most of a turn's
 compute: one rollout that writes 192 tokens makes fifteen others that stopped after 40 pay for 192. Here a row
-leaves the batch (and the KV cache) when it emits the stop token or reaches its own token limit.
+leaves the batch (and the KV cache) when it emits the stop token or reaches its own token limit (finished rows
+leave together once they are an eighth of the batch: each removal copies the cache).
 
 Sampling follows ``generate``'s warpers in the same order: temperature, then top-p (nucleus: the smallest
 set of tokens whose probability reaches ``top_p``, at least one); temperature 0 is greedy.
@@ -34,24 +35,30 @@ GQA_DECODE = "rstar2_gqa_decode"
 
 def gqa_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                          is_causal=None, **kwargs):
-    """``transformers`` attention function: SDPA, except that a one-token query of a grouped-query layer
-    attends to the cache's ``num_key_value_heads`` directly, its ``n_rep`` query heads per KV head folded into
-    the query-length axis, instead of through ``repeat_kv`` copies of the whole cache.
+    """``transformers`` attention function: SDPA on a grouped-query layer without ``repeat_kv`` copies.
 
-    query [B, H, q, D], key/value [B, H_kv, L, D], attention_mask [B, 1, q, >= L] (bool) or None.
-    Returns (output [B, q, H, D], None) like ``sdpa_attention_forward``, to which every other case goes.
+    A one-token query (decoding) has its ``n_rep`` query heads per KV head folded into the query-length axis;
+    a longer one (prefill) uses SDPA's ``enable_gqa`` (exact; on 2 cores 2.4x faster than repeating K and V
+    for a batch of 8 600-token prompts). query [B, H, q, D], key/value [B, H_kv, L, D], attention_mask
+    [B, 1, q, >= L] (bool) or None. Returns (output [B, q, H, D], None) like ``sdpa_attention_forward``, to
+    which every other case (no grouping, dropout, attention weights requested) goes.
     """
     n_rep = getattr(module, "num_key_value_groups", 1)
     batch, heads, q_len, dim = query.shape
-    if q_len != 1 or n_rep == 1 or dropout or kwargs.get("output_attentions"):
+    if n_rep == 1 or dropout or kwargs.get("output_attentions") or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
-    # repeat_kv maps query head h to KV head h // n_rep, so heads of one KV head are consecutive
-    out = F.scaled_dot_product_attention(query.reshape(batch, heads // n_rep, n_rep, dim), key, value,
-                                         attn_mask=attention_mask, scale=scaling)
-    return out.reshape(batch, 1, heads, dim), None
+    if q_len == 1:
+        # repeat_kv maps query head h to KV head h // n_rep, so heads of one KV head are consecutive
+        out = F.scaled_dot_product_attention(query.reshape(batch, heads // n_rep, n_rep, dim), key, value,
+                                             attn_mask=attention_mask, scale=scaling)
+        return out.reshape(batch, 1, heads, dim), None
+    causal = attention_mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=bool(causal),
+                                         scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(GQA_DECODE, gqa_decode_attention)
@@ -168,22 +175,27 @@ def _decode(model, ids, mask, cache, n_rows, limits, stop_id, temperature, top_p
     device = ids.device
     out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
-    rows = list(range(n_rows))                # input index of each row still in the batch
+    rows: list[int | None] = list(range(n_rows))  # input index of each batch row; None once it has finished
     new: list[list[int]] = [[] for _ in range(n_rows)]
     while True:
         nxt = sample_next(out.logits[:, -1, :], temperature, top_p)
-        keep = []
-        for j, (i, tok) in enumerate(zip(rows, nxt.tolist())):
+        for j, tok in enumerate(nxt.tolist()):
+            i = rows[j]
+            if i is None:
+                continue
             new[i].append(tok)
-            if tok != stop_id and len(new[i]) < limits[i]:
-                keep.append(j)
-        if not keep:
+            if tok == stop_id or len(new[i]) >= limits[i]:
+                rows[j] = None
+        live = [j for j, i in enumerate(rows) if i is not None]
+        if not live:
             return new
-        if len(keep) < len(rows):
-            idx = torch.tensor(keep, device=device)
+        # Dropping rows copies the whole cache, so finished rows are dropped together once they are an eighth
+        # of the batch; until then they ride along and their tokens are ignored.
+        if (len(rows) - len(live)) * 8 >= len(rows):
+            idx = torch.tensor(live, device=device)
             cache.batch_select_indices(idx)
             mask, nxt = mask[idx], nxt[idx]
-            rows = [rows[j] for j in keep]
+            rows = [rows[j] for j in live]
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
                     past_key_values=cache, use_cache=True)
