@@ -67,16 +67,20 @@ AttentionMaskInterface.register(GQA_DECODE, sdpa_mask)
 
 @contextlib.contextmanager
 def grouped_query_decoding(model):
-    """Within the block, a model that uses ``sdpa`` attention uses ``gqa_decode_attention`` (same results)."""
-    config = model.config
-    if getattr(config, "_attn_implementation", None) != "sdpa":
-        yield
-        return
-    config._attn_implementation = GQA_DECODE
+    """Within the block, a model that uses ``sdpa`` attention uses ``gqa_decode_attention`` (same results).
+
+    Every config object of the model's modules is switched: the attention layers read their own ``config``,
+    which need not be ``model.config`` (a trainer may have replaced the top-level one).
+    """
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
+    switched = [c for c in configs.values() if getattr(c, "_attn_implementation", None) == "sdpa"]
+    for c in switched:
+        c._attn_implementation = GQA_DECODE
     try:
         yield
     finally:
-        config._attn_implementation = "sdpa"
+        for c in switched:
+            c._attn_implementation = "sdpa"
 
 
 class PreallocatedLayer(DynamicLayer):
