@@ -110,6 +110,16 @@ def test_bf16_decoding_uses_a_bfloat16_copy_of_the_current_weights():
 
     model, _ = tiny_qwen3(hidden_size=32, num_layers=2, num_heads=4, seed=3)
     assert inference_copy(model, "fp32") is model
+    original = model.forward  # a trainer's instance-level patch (TRL's fused forward) that calls the original
+
+    def patched(*a, fused_lm_head=False, **kw):
+        calls.append(1)
+        return original(*a, **kw)
+    calls = []
+    model.forward = patched
+    twin = inference_copy(model, "bf16")
+    twin(input_ids=torch.tensor([[1, 2, 3]]))
+    assert calls == [] and "forward" not in vars(twin), "the copy decoded through the original float32 model"
     copy = inference_copy(model, "bf16")
     assert copy is not model and copy.dtype == torch.bfloat16 and model.dtype == torch.float32
     w = model.model.layers[0].mlp.up_proj.weight

@@ -138,7 +138,12 @@ def inference_copy(model, precision: str):
     if precision != "bf16" or not isinstance(model, PreTrainedModel) or model.device.type != "cpu" or \
             model.dtype != torch.float32:
         return model
-    return copy.deepcopy(model).to(torch.bfloat16).eval()
+    twin = copy.deepcopy(model).to(torch.bfloat16).eval()
+    # A trainer may patch a module's forward on the instance (TRL's fused log-prob forward keeps the original
+    # bound method in a closure): the copy would call the original float32 model through it. Use the classes'.
+    for module in twin.modules():
+        module.__dict__.pop("forward", None)
+    return twin
 
 
 class HFEngine(BatchingEngine):
