@@ -27,6 +27,11 @@ from .results import ExecResult, SandboxLimits
 _STOP = object()
 
 
+def _tool_error(e: BaseException) -> ExecResult:
+    """A failure outside the code (transport, closed pool) as the call's result, as in rStar's _call_tool."""
+    return ExecResult("error", None, "", f"Error when executing tool: {e!r}", 0.0)
+
+
 class SandboxClient:
     """Batched access to the sandbox.
 
@@ -121,7 +126,7 @@ class SandboxClient:
             try:
                 results = self._dispatch([(c, s) for c, s, _ in batch])
             except Exception as e:  # a transport failure becomes the calls' result, as in rStar's _call_tool
-                results = [ExecResult("error", None, "", f"Error when executing tool: {e!r}", 0.0)] * len(batch)
+                results = [_tool_error(e)] * len(batch)
             for (_, _, fut), res in zip(batch, results):
                 if not fut.done():
                     fut.set_result(res)
@@ -134,13 +139,13 @@ class SandboxClient:
                 try:
                     fut.set_result(src.result())
                 except Exception as e:  # the pool never fails a call; keep the caller from hanging if it did
-                    fut.set_result(ExecResult("error", None, "", f"Error when executing tool: {e!r}", 0.0))
+                    fut.set_result(_tool_error(e))
         try:
             sent = [(self.pool.submit(c, s, self.limits), fut) for c, s, fut in batch]
         except Exception as e:  # e.g. the pool was closed
             for _, _, fut in batch:
                 if not fut.done():
-                    fut.set_result(ExecResult("error", None, "", f"Error when executing tool: {e!r}", 0.0))
+                    fut.set_result(_tool_error(e))
             return
         for src, fut in sent:
             src.add_done_callback(lambda f, fut=fut: relay(f, fut))

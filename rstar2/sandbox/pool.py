@@ -28,16 +28,14 @@ log = logging.getLogger("rstar2.sandbox")
 
 # The math stack a model's code usually imports (spec §3.2: numpy, scipy, sympy); importing it once in the
 # zygote is what makes a sympy+numpy call cost a fork instead of ~0.7 s of imports.
-DEFAULT_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
-                   "bisect", "statistics", "random", "re", "string", "json", "numpy", "sympy", "scipy",
-                   "scipy.special", "scipy.optimize", "scipy.integrate", "scipy.linalg", "matplotlib",
-                   "matplotlib.pyplot")
+LEAN_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
+                "bisect", "statistics", "random", "re", "string", "json")
+DEFAULT_PRELOAD = LEAN_PRELOAD + ("numpy", "sympy", "scipy", "scipy.special", "scipy.optimize", "scipy.integrate",
+                                  "scipy.linalg", "matplotlib", "matplotlib.pyplot")
 # A fork and the child's exit cost time in proportion to the pages the zygote maps (page tables copied, then
 # unmapped), so zygotes come in three sizes and each call goes to the smallest that already holds what its
 # code names (reference/sandbox_notes.md: "run two pools"; measured on 2 cores, fork + sympy snippet + exit:
 # 6.9 ms from a numpy+sympy zygote of 64 MB, 10.0 ms from one that also holds scipy and matplotlib, 143 MB).
-LEAN_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
-                "bisect", "statistics", "random", "re", "string", "json")
 SCI_PRELOAD = LEAN_PRELOAD + ("numpy", "numpy.random", "sympy", "mpmath")  # numpy.random is lazy in numpy 2
 _SCI = re.compile(r"\b(numpy|sympy|mpmath|gmpy2)\b")
 _FULL = re.compile(r"\b(scipy|matplotlib|pylab|pandas|networkx|sklearn|statsmodels)\b")
