@@ -121,12 +121,10 @@ def test_sft_data_with_no_rows_says_so(tmp_path):
 
 
 def test_rl_refuses_a_heldout_benchmark_that_shares_training_problems():
-    from rstar2.stages.rl import _check_heldout_disjoint
+    from rstar2.rl.heldout import check_disjoint
 
     rows = [{"id": "t1", "problem": "What is  2 + 2?"}, {"id": "t2", "problem": "3 * 3"}]
-    params = {"heldout": {"benchmark": "arith_heldout"}}
-    _check_heldout_disjoint([{"id": "h1", "problem": "5 - 1"}], rows, "train.jsonl", params)
-    _check_heldout_disjoint(None, rows, "train.jsonl", params)
-    with pytest.raises(ValueError, match=r"1 problem\(s\) of benchmark 'arith_heldout'.*train.jsonl.*'h2'.*'t1'"):
-        _check_heldout_disjoint([{"id": "h1", "problem": "5 - 1"}, {"id": "h2", "problem": "what is 2 + 2?"}],
-                                rows, "train.jsonl", params)
+    check_disjoint([{"id": "h1", "problem": "5 - 1"}], rows, "arith_heldout", "train.jsonl")
+    with pytest.raises(ValueError, match=r"1 problem\(s\) of rl.heldout.benchmark 'arith_heldout'.*train.jsonl.*'h2'.*'t1'"):
+        check_disjoint([{"id": "h1", "problem": "5 - 1"}, {"id": "h2", "problem": "what is 2 + 2?"}],
+                       rows, "arith_heldout", "train.jsonl")

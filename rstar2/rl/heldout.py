@@ -36,6 +36,21 @@ def shared_problems(heldout: list[dict], train: list[dict]) -> list[tuple[str, s
     return [(p["id"], ids[fold(p["problem"])]) for p in heldout if fold(p["problem"]) in ids]
 
 
+def check_disjoint(heldout: list[dict], train: list[dict], benchmark: str, where: str) -> None:
+    """Refuse a held-out benchmark that shares problems with training data: its curve would measure memorisation.
+
+    ``where`` names the training data in the message (a file, or an rl_data source).
+    Raises:
+        ValueError: a held-out problem's text (whitespace and case folded) is also a training problem; names
+            ``where`` and the first shared pair of ids.
+    """
+    shared = shared_problems(heldout, train)
+    if shared:
+        raise ValueError(f"{len(shared)} problem(s) of rl.heldout.benchmark {benchmark!r} are also in {where} "
+                         f"(first: held-out id {shared[0][0]!r} = train id {shared[0][1]!r}); list {benchmark!r} in "
+                         "rl_data.decontaminate_against or hold out other problems")
+
+
 def heldout_summary(trajs: list, k: int) -> dict:
     """Summarise graded trajectories (``k`` consecutive samples per problem) into one ``heldout.jsonl`` row.
 

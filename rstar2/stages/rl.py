@@ -62,25 +62,6 @@ def _heldout_problems(params: dict) -> list[dict] | None:
     return load_benchmark(ho["benchmark"], ho["spec"])[: ho.get("limit") or None]
 
 
-def _check_heldout_disjoint(heldout: list[dict] | None, rows: list[dict], data_path: str, params: dict) -> None:
-    """A held-out curve measured on training problems measures memorisation: refuse problems found in both.
-
-    Raises:
-        ValueError: a held-out problem's text (whitespace and case folded) is also a training problem; names
-            both files and the first shared problem.
-    """
-    if not heldout:
-        return
-    from ..rl.heldout import shared_problems
-
-    shared = shared_problems(heldout, rows)
-    if shared:
-        name = params["heldout"]["benchmark"]
-        raise ValueError(f"rl.heldout: {len(shared)} problem(s) of benchmark {name!r} are also training problems in "
-                         f"{data_path} (first: held-out id {shared[0][0]!r} = train id {shared[0][1]!r}); list "
-                         f"{name!r} in rl_data.decontaminate_against or hold out other problems")
-
-
 def _heldout_callbacks(params: dict, problems: list[dict] | None, seed: int, out: Path, is_main: bool) -> list:
     """The held-out evaluation callback when a held-out benchmark is configured, else none."""
     if problems is None:
@@ -133,7 +114,10 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
         raise ValueError(f"rl.prompts_per_step={P} must be a multiple of the number of training processes "
                          f"({ps.num_processes}): each process rolls out whole groups")
     heldout = _heldout_problems(params)  # a bad held-out file fails here, before any checkpoint or log is touched
-    _check_heldout_disjoint(heldout, rows, data_path, params)
+    if heldout:
+        from ..rl.heldout import check_disjoint
+
+        check_disjoint(heldout, rows, params["heldout"]["benchmark"], f"the training data {data_path}")
     ckpt_root = checkpoints.checkpoint_root(out)
     # held-out settings are measurement, not training: changing them resumes from the checkpoints
     fp = checkpoints.fingerprint({k: v for k, v in params.items() if k != "heldout"}, model_dir, data_path)

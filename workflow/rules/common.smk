@@ -63,15 +63,13 @@ def _check_heldout_benchmark():
     if name in config["rl_data"]["decontaminate_against"]:
         return  # rl_data removes its problems (and near-copies) from the training data
     from rstar2.data.loaders import load_source
-    from rstar2.rl.heldout import shared_problems
+    from rstar2.rl.heldout import check_disjoint
 
     for src in config["rl_data"]["sources"]:
-        shared = shared_problems(heldout, load_source(src))
-        if shared:
-            raise ValueError(f"config: {len(shared)} problem(s) of rl.heldout.benchmark {name!r} are also in "
-                             f"rl_data source {src.get('name', src.get('path'))!r} (first: {shared[0][0]!r} = "
-                             f"{shared[0][1]!r}); list {name!r} in rl_data.decontaminate_against or hold out "
-                             "other problems")
+        try:
+            check_disjoint(heldout, load_source(src), name, f"rl_data source {src.get('name', src.get('path'))!r}")
+        except ValueError as e:
+            raise ValueError(f"config: {e}") from None
 
 
 _check_heldout_benchmark()
