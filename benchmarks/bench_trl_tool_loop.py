@@ -3,8 +3,11 @@
 Same model, same batch (P prompts x G rollouts, mode grpo so both train on every rollout), same sampling
 temperature, token budget and turn limit, same sandbox for the code, same reward (our integer grader), same
 precision. TRL's loop is ``GRPOTrainer(tools=[...])``: it batches each turn's generation but calls the tool
-once per sample, one after another (reference/frameworks.md, "Throughput caveat"); ours runs every in-flight
+once per sample, one after another (trl 1.16 ``GRPOTrainer._tool_call_loop``); ours runs every in-flight
 trajectory's call concurrently through the sandbox's batching client and does not wait for a turn barrier.
+The two loops see the same problems but in a different order (ours shuffles with the stage's seed, TRL's
+dataset is not shuffled), and the model answers TRL's prompt differently (fewer tool calls, shorter answers),
+so compare the work done per step (the logs' response lengths and tool calls) along with the times.
 
 TRL renders prompts with a chat template it recognises (the Qwen2.5 template shipped in the trl wheel, set on
 the model's tokenizer; SmolLM2 uses the same ChatML tokens), so its system prompt is Qwen's tool prompt rather

@@ -335,6 +335,26 @@ def test_report_learning_curve_and_ablation(tmp_path):
     assert "| 32.0 |" in grpo_mean and "| 25.0 |" in grpo_mean  # err 32 %, end accuracy mean (20+30)/2
 
 
+def test_ablation_table_reads_the_evaluation_at_the_last_step_and_names_runs_without_data(tmp_path):
+    runs = []
+    for seed, heldout in [(0, _heldout_rows([0.1])), (1, _heldout_rows([0.1]) + [{**_heldout_rows([0, 0.4])[1], "step": 6}])]:
+        d = tmp_path / f"grpo-seed{seed}"
+        _write_jsonl(d / "metrics.jsonl", [_metrics_row(s, 0.3) for s in range(1, 7)])
+        _write_jsonl(d / "heldout.jsonl", heldout)
+        runs.append({"mode": "grpo", "seed": seed, "dir": str(d)})
+    runs.append({"mode": "grpo", "seed": 2, "dir": str(tmp_path / "never-started")})
+    out = tmp_path / "report"
+    report.run({}, {"ablation": runs}, str(out))
+    md, _ = _check_outputs(out)
+    # seed 0 was never evaluated at its last step (6): its end column is empty, not step 0's 10 %
+    assert "| grpo | 0 | 6 | 10.0 [1.0, 19.0] | – |" in md
+    assert "| grpo | 1 | 6 | 10.0 [1.0, 19.0] | 40.0 [31.0, 49.0] |" in md
+    assert "reward % (last 6 steps)" in md
+    grpo_mean = next(line for line in md.splitlines() if line.startswith("| **grpo mean**"))
+    assert "| 10.0 | 40.0 |" in grpo_mean
+    assert "no steps logged yet by grpo-seed2" in md
+
+
 def test_report_without_heldout_or_ablation_says_so(tmp_path):
     out = tmp_path / "report"
     report.run({}, {}, str(out))

@@ -319,5 +319,5 @@ def _check_unique_ids(rows: list[dict], context: _Context) -> None:
     seen: set[str] = set()
     for row in rows:
         if row["id"] in seen:
-            raise context.error(f"duplicate id {row['id']!r}; fix fields.id or drop it to use row indices")
+            raise context.error(f"duplicate id {row['id']!r}; fix fields.id, or set it to null to use row indices")
         seen.add(row["id"])

@@ -130,7 +130,16 @@ def _ci_text(row: dict | None) -> str:
     return f"{_fmt_pct(num(row['accuracy']))}{ci}"
 
 
-def _tail_mean(rows: list[dict], key: str, n: int = 10):
+TAIL = 10  # steps averaged for the ablation table's end-of-run columns
+
+
+def _heldout_at(rows: list[dict], step) -> dict | None:
+    """The held-out row logged at ``step`` (the last one if logged twice), or None."""
+    found = [r for r in rows if step is not None and num(r.get("step")) == step]
+    return found[-1] if found else None
+
+
+def _tail_mean(rows: list[dict], key: str, n: int = TAIL):
     vals = [v for v in (num(r.get(key)) for r in rows[-n:]) if v is not None]
     return statistics.fmean(vals) if vals else None
 
@@ -160,20 +169,26 @@ def ablation_section(runs: list[dict]) -> list:
     blocks: list = [Heading("Ablation: GRPO vs GRPO-RoC (same budget)")]
     if not runs:
         return blocks + [Para("No ablation runs configured (see configs/cpu-ablation.yaml).")]
-    rows, by_mode = [], {}
+    window = min(TAIL, max((len(r["metrics"]) for r in runs), default=0)) or TAIL
+    rows, by_mode, no_data = [], {}, []
     for r in sorted(runs, key=lambda r: (str(r["mode"]), str(r["seed"]))):
         h, m = r["heldout"], r["metrics"]
         if not m:  # a run that has not logged a step yet is listed but not averaged in
             rows.append([r["mode"], str(r["seed"]), "0", "no data", "–", "–", "–", "–", "–"])
+            no_data.append(f"{r['mode']}-seed{r['seed']}")
             continue
-        stats = {"first": num(h[0].get("accuracy")) if h else None, "last": num(h[-1].get("accuracy")) if h else None,
-                 "reward": _tail_mean(m, "reward_mean"), "err": _tail_mean(m, "tool_error_ratio_pos"),
-                 "len": _tail_mean(m, "response_length_mean"),
+        # start = the evaluation at step 0, end = the one at the run's last logged step: a run whose last
+        # evaluation is missing shows "–" there instead of an earlier step's accuracy
+        last_step = max((num(x.get("step")) for x in m if num(x.get("step")) is not None), default=None)
+        start, end = _heldout_at(h, 0), _heldout_at(h, last_step)
+        stats = {"first": num(start.get("accuracy")) if start else None,
+                 "last": num(end.get("accuracy")) if end else None,
+                 "reward": _tail_mean(m, "reward_mean", window), "err": _tail_mean(m, "tool_error_ratio_pos", window),
+                 "len": _tail_mean(m, "response_length_mean", window),
                  "wall": sum(v for v in (num(x.get("step_time_s")) for x in m) if v is not None) or None}
         by_mode.setdefault(r["mode"], []).append(stats)
-        rows.append([r["mode"], str(r["seed"]), str(len(m)), _ci_text(h[0] if h else None),
-                     _ci_text(h[-1] if h else None), _fmt_pct(stats["reward"]), _fmt_pct(stats["err"]),
-                     "–" if stats["len"] is None else f"{stats['len']:.0f}",
+        rows.append([r["mode"], str(r["seed"]), str(len(m)), _ci_text(start), _ci_text(end), _fmt_pct(stats["reward"]),
+                     _fmt_pct(stats["err"]), "–" if stats["len"] is None else f"{stats['len']:.0f}",
                      "–" if stats["wall"] is None else f"{stats['wall'] / 60:.1f}"])
 
     def mean(vals):
@@ -185,9 +200,9 @@ def ablation_section(runs: list[dict]) -> list:
                      _fmt_pct(mean(s["err"] for s in ss)),
                      "–" if mean(s["len"] for s in ss) is None else f"{mean(s['len'] for s in ss):.0f}",
                      "–" if mean(s["wall"] for s in ss) is None else f"{mean(s['wall'] for s in ss) / 60:.1f}"])
-    blocks.append(Table(["mode", "seed", "steps", "held-out acc. % at start", "held-out acc. % at end",
-                         "reward % (last 10 steps)", "tool-error ratio of positives % (last 10)",
-                         "response tokens (last 10)", "RL wall time (min)"], rows,
+    blocks.append(Table(["mode", "seed", "steps", "held-out acc. % at step 0", "held-out acc. % at the last step",
+                         f"reward % (last {window} steps)", f"tool-error ratio of positives % (last {window})",
+                         f"response tokens (last {window})", "RL wall time (min)"], rows,
                         caption="Same SFT model, data order, steps, prompts per step and kept group size G for every "
                                 "run; grpo_roc draws 2G rollouts per prompt and keeps G, grpo draws G. Reported as "
                                 "measured, with no tuning per mode."))
@@ -195,6 +210,8 @@ def ablation_section(runs: list[dict]) -> list:
     steps = {len(r["metrics"]) for r in runs if r["metrics"]}
     if len(set(pairs)) < len(pairs):
         blocks.append(Para("Warning: some (mode, seed) pairs appear more than once; their means count each run."))
+    if no_data:
+        blocks.append(Para(f"Warning: no steps logged yet by {', '.join(no_data)}: the mode means leave them out."))
     if len(steps) > 1:
         blocks.append(Para(f"Warning: the runs logged different numbers of steps ({sorted(steps)}): they did not "
                            "all finish, or were not run on the same budget."))

@@ -60,6 +60,13 @@ def _check_heldout_benchmark():
         heldout = load_benchmark(name, config["benchmarks"][name])
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"config: rl.heldout.benchmark {name!r} cannot be loaded: {e}") from None
+    answer_type = config["benchmarks"][name].get("answer_type", "math")
+    if answer_type != "integer":
+        # RL rewards always use the integer grader; a lenient grader on the held-out set can count what the
+        # reward does not (an unevaluated expression boxed as the answer scores 1 under Math-Verify)
+        print(f"warning: rl.heldout.benchmark {name!r} is graded with answer_type {answer_type!r}, the RL reward "
+              "with 'integer': set benchmarks." + name + ".answer_type: integer to measure what RL trains for",
+              file=sys.stderr)
     if name in config["rl_data"]["decontaminate_against"]:
         return  # rl_data removes its problems (and near-copies) from the training data
     from rstar2.data.loaders import load_source
