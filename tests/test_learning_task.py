@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,18 @@ def test_rl_refuses_a_heldout_benchmark_that_shares_training_problems():
     with pytest.raises(ValueError, match=r"1 problem\(s\) of rl.heldout.benchmark 'arith_heldout'.*train.jsonl.*'h2'.*'t1'"):
         check_disjoint([{"id": "h1", "problem": "5 - 1"}, {"id": "h2", "problem": "what is 2 + 2?"}],
                        rows, "arith_heldout", "train.jsonl")
+
+
+def test_heldout_by_kind_joins_logged_ids_to_the_data_files_kinds(tmp_path):
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"id": f"h{i}", "problem": f"{i} + 1", "answer": str(i + 1), "kind": k}) + "\n"
+                            for i, k in enumerate(["bare", "bare", "word"])))
+    logged = tmp_path / "heldout_problems.jsonl"
+    rows = [(0, "h0", [0.0]), (0, "h1", [1.0]), (0, "h2", [0.0]), (5, "h0", [1.0]), (5, "h1", [1.0]), (5, "h2", [0.0])]
+    logged.write_text("".join(json.dumps({"step": s, "id": f"my_ho-{i}", "rewards": r}) + "\n" for s, i, r in rows))
+    script = [sys.executable, str(REPO / "scripts/heldout_by_kind.py"), str(logged), str(data)]
+    out = subprocess.run(script, capture_output=True, text=True, check=True).stdout
+    assert re.search(r"\| bare\s*\| 1 / 2\s*\| 2 / 2\s*\|", out) and re.search(r"\| word\s*\| 0 / 1\s*\| 0 / 1\s*\|", out)
+    logged.write_text(json.dumps({"step": 0, "id": "my_ho-h9", "rewards": [1.0]}) + "\n")
+    proc = subprocess.run(script, capture_output=True, text=True)
+    assert proc.returncode != 0 and "row 1: id 'my_ho-h9' is no problem of" in proc.stderr
