@@ -45,7 +45,7 @@ def _series(run: dict, source: str, key: str) -> list[tuple[float, float]]:
 
 
 def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
-    """Held-out accuracy per evaluation step with its 95% interval, one line per RL stage."""
+    """Held-out accuracy per evaluation step with its 95% interval as error bars, one series per RL stage."""
     from .plots import _new_figure, _no_data, _save
 
     fig = _new_figure(7, 4.5)
@@ -59,13 +59,15 @@ def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
         xs, ys = [p[0] for p in pts], [100 * p[1] for p in pts]
         lo = [100 * (num(p[2][0]) if num(p[2][0]) is not None else p[1]) for p in pts]
         hi = [100 * (num(p[2][1]) if num(p[2][1]) is not None else p[1]) for p in pts]
-        ax.plot(xs, ys, "o-", label=name)
-        ax.fill_between(xs, lo, hi, alpha=0.2)
+        # error bars at the evaluated steps only, joined by dotted lines: nothing was measured in between
+        line = ax.errorbar(xs, ys, yerr=[[y - a for y, a in zip(ys, lo)], [b - y for y, b in zip(ys, hi)]], fmt="o",
+                           capsize=4, label=name)
+        ax.plot(xs, ys, ":", color=line[0].get_color())
         drawn = True
     if not drawn:
         _no_data(ax, "no held-out evaluation during RL")
     else:
-        ax.set_xlabel("RL step (step 0 = the SFT model)")
+        ax.set_xlabel("RL step (step 0 = the SFT model; dotted: joins evaluations, not measured between them)")
         ax.set_ylabel("held-out accuracy, % (95% CI)")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
