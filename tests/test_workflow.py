@@ -113,6 +113,16 @@ def test_a_bad_heldout_benchmark_fails_before_any_job_runs(workdir, tmp_path):
         "source 'arith_train'" in proc.stderr + proc.stdout
 
 
+def test_a_heldout_benchmark_graded_unlike_the_reward_warns_and_ids_may_be_row_indices(workdir, tmp_path):
+    own = tmp_path / "own_heldout.yaml"   # a user's own held-out set: no answer_type (math), fields.id null
+    own.write_text("benchmarks: {my_ho: {path: data/learning/heldout.jsonl, fields: {problem: problem, "
+                   "answer: answer, id: null}}}\nrl: {heldout: {benchmark: my_ho}}\n")
+    proc = smk(workdir, "-n", "--configfile", "configs/cpu-learning.yaml", str(own))
+    assert "rl.heldout.benchmark 'my_ho' is graded with answer_type 'math', the RL reward with 'integer'" in proc.stderr
+    proc = smk(workdir, "-n", "--configfile", "configs/cpu-learning.yaml")
+    assert "is graded with answer_type" not in proc.stderr
+
+
 def test_label_verification_schedules_its_verifier_model(workdir, tmp_path):
     on = tmp_path / "lv.yaml"
     on.write_text("label_verification: {enabled: true, model: {source: tiny_qwen3}}\n")
