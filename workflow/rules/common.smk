@@ -65,7 +65,7 @@ def _check_heldout_benchmark():
         # RL rewards always use the integer grader; a lenient grader on the held-out set can count what the
         # reward does not (an unevaluated expression boxed as the answer scores 1 under Math-Verify)
         print(f"warning: rl.heldout.benchmark {name!r} is graded with answer_type {answer_type!r}, the RL reward "
-              "with 'integer': set benchmarks." + name + ".answer_type: integer to measure what RL trains for",
+              f"with 'integer': set benchmarks.{name}.answer_type: integer to measure what RL trains for",
               file=sys.stderr)
     if name in config["rl_data"]["decontaminate_against"]:
         return  # rl_data removes its problems (and near-copies) from the training data
