@@ -27,4 +27,4 @@ test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
 
 clean:
-	rm -rf results logs benchmarks/*.tsv .snakemake
+	rm -rf results logs .snakemake

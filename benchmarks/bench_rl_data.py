@@ -16,7 +16,8 @@ import os
 import statistics
 import time
 
-from rstar2.data import BUNDLED_SOURCES, DEFAULT_BENCHMARKS, curate, format_funnel, load_benchmark
+from rstar2.data import BUNDLED_SOURCES, DEFAULT_BENCHMARKS, format_funnel, load_benchmark
+from rstar2.data.curate import curate
 
 
 def run_once(args, boilerplate_min_problems: int) -> tuple[float, dict, int]:

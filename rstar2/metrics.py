@@ -7,6 +7,7 @@ problem are not independent draws from the benchmark).
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -153,4 +154,31 @@ def summarize_rewards(rewards_per_problem: Sequence[Sequence[float]], k: int | N
     }
 
 
-__all__ = ["pass_at_k", "avg_at_k", "per_problem_means", "maj_at_k", "bootstrap_ci", "summarize_rewards"]
+def summarise(rows: list[dict], k: int) -> dict:
+    """One benchmark's entry of ``summary.json`` from its per-problem rows.
+
+    Args:
+        rows: per-problem records with ``rewards``, ``preds``, ``response_tokens``, ``tool_calls``,
+            ``truncated`` (one entry per sample).
+        k: samples per problem.
+    Returns:
+        ``{"n_problems", "k", "avg_at_k", "avg_at_k_ci" [lo, hi], "pass_at_k", "maj_at_k",
+        "mean_response_tokens", "mean_tool_calls", "truncation_ratio"}``; scores are fractions in [0, 1],
+        means are over problems of the per-problem mean over samples. With no rows every value is None.
+    """
+    if not rows:
+        return {"n_problems": 0, "k": k, "avg_at_k": None, "avg_at_k_ci": None, "pass_at_k": None,
+                "maj_at_k": None, "mean_response_tokens": None, "mean_tool_calls": None, "truncation_ratio": None}
+    rewards = [r["rewards"] for r in rows]
+    out = summarize_rewards(rewards, k=min(k, min(len(r) for r in rewards)))
+    out["k"] = k
+
+    def mean_of_means(key):
+        return statistics.fmean(statistics.fmean(float(x) for x in r[key]) for r in rows)
+    out.update(maj_at_k=maj_at_k([r["preds"] for r in rows], rewards),
+               mean_response_tokens=mean_of_means("response_tokens"), mean_tool_calls=mean_of_means("tool_calls"),
+               truncation_ratio=mean_of_means("truncated"))
+    return out
+
+
+__all__ = ["pass_at_k", "avg_at_k", "per_problem_means", "maj_at_k", "bootstrap_ci", "summarize_rewards", "summarise"]

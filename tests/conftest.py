@@ -45,3 +45,38 @@ def write_tiny_rl_inputs(root, n_problems: int):
     with open(root / "train.jsonl", "w") as f:
         for i in range(n_problems):
             f.write(json.dumps({"id": f"p{i}", "problem": f"What is {i} plus {i}?", "answer": str(2 * i)}) + "\n")
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """Snakemake's --configfile merge: dicts key by key, anything else (lists included) replaced whole."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def workflow_config(*overrides: dict, files: tuple[str, ...] = ("configs/tiny.yaml",)) -> dict:
+    """The config a workflow run would see: config.yaml, then ``files`` (repo-relative), then ``overrides``,
+    validated against the schema (which fills every default), as Snakemake does."""
+    import yaml
+    from snakemake.utils import validate
+
+    cfg = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    for f in files:
+        cfg = _merge(cfg, yaml.safe_load((REPO_ROOT / f).read_text()) or {})
+    for o in overrides:
+        cfg = _merge(cfg, o)
+    validate(cfg, str(REPO_ROOT / "workflow/schemas/config.schema.yaml"))
+    return cfg
+
+
+def stage_params(builder: str, *args, overrides: dict | None = None, files: tuple[str, ...] = ("configs/tiny.yaml",)):
+    """A stage's parameters as the workflow builds them (``rstar2.stages.params.<builder>``), as a JSON dict."""
+    from rstar2.params import to_dict
+    from rstar2.stages import params
+
+    p = getattr(params, builder)(workflow_config(*([overrides] if overrides else []), files=files), *args)
+    return p if isinstance(p, dict) else to_dict(p)

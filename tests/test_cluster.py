@@ -37,7 +37,10 @@ def _dry_run(*args) -> list[dict]:
             continue
         res = re.search(r"^\s+resources: (.*)$", block, re.M)
         shell = re.search(r"^Shell command: (.*)$", block, re.M)
-        jobs.append({"rule": m.group(1),
+        rule = m.group(1)
+        if rule == "rl":  # the one RL rule: named by its run, rl_stage1..3 (the paper config has no ablation)
+            rule = "rl_" + re.search(r"^\s+wildcards: run=rl/(stage\d)$", block, re.M).group(1)
+        jobs.append({"rule": rule,
                      "resources": dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {},
                      "shell": shell.group(1) if shell and shell.group(1) != "None" else None})
     return jobs

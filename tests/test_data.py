@@ -9,10 +9,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rstar2.data import (BUNDLED_SOURCES, DEFAULT_BENCHMARKS, REPO_ROOT, classify_integer_answer, curate,
-                         last_boxed, load_benchmark, load_source, normalize_integer_answer)
+from rstar2.data import (BUNDLED_SOURCES, DEFAULT_BENCHMARKS, WORKING_DIR, classify_integer_answer, last_boxed,
+                         load_benchmark, load_source, normalize_integer_answer)
+from rstar2.data.curate import curate
 from rstar2.io import read_json, read_jsonl
 from rstar2.stages import rl_data
+from conftest import stage_params
+
+
+def _rl_data(seed: int = 0, **section):
+    """rl_candidates params as the workflow builds them from config.yaml with ``section`` set in ``rl_data``."""
+    return stage_params("rl_data", overrides={"seed": seed, "rl_data": section}, files=())
 
 # ----------------------------------------------------------------------------------------------------------
 # normalize_integer_answer: every rule in its docstring
@@ -177,8 +184,7 @@ def test_custom_csv_with_other_column_names_through_a_spec(tmp_path):
     assert [r["id"] for r in loaded] == ["custom-a", "custom-b", "custom-d"]
     assert loaded[0]["answer_raw"] == "006"  # read as text: no dtype guessing turns "006" into 6
     out = tmp_path / "out"
-    rl_data.run({"sources": [spec], "decontaminate_against": ["aime24"], "ngram": 8, "max_abs_answer": 10**6,
-                 "seed": 0}, str(out))
+    rl_data.run(_rl_data(sources=[spec], decontaminate_against=["aime24"], ngram=8, max_abs_answer=10**6), str(out))
     train = read_jsonl(out / "train.jsonl")
     assert [(r["id"], r["answer"]) for r in train] == [("custom-a", "6"), ("custom-b", "1000")]
     assert (out / "funnel.csv").read_text().splitlines() == [
@@ -283,7 +289,7 @@ def test_full_curation_is_decontaminated_against_all_benchmarks():
                    "amc23": "data/eval/amc23/test.jsonl", "math500": "data/eval/math500/test.jsonl"}
     bench_grams: set[tuple[str, ...]] = set()
     for rel in bench_files.values():
-        with open(REPO_ROOT / rel, encoding="utf-8") as f:
+        with open(WORKING_DIR / rel, encoding="utf-8") as f:
             for line in f:
                 bench_grams |= _independent_8grams(json.loads(line)["problem"])
 
@@ -316,8 +322,8 @@ def test_rl_data_limit_is_a_seeded_sample(tmp_path):
     csv = tmp_path / "many.csv"
     pd.DataFrame({"q": [f"Distinct problem number {i} of the set." for i in range(50)],
                   "a": [str(i) for i in range(50)]}).to_csv(csv, index=False)
-    params = {"sources": [{"name": "many", "path": str(csv), "fields": {"problem": "q", "answer": "a"}}],
-              "decontaminate_against": [], "max_abs_answer": 100, "limit": 10, "seed": 3}
+    params = _rl_data(sources=[{"name": "many", "path": str(csv), "fields": {"problem": "q", "answer": "a"}}],
+                      decontaminate_against=[], max_abs_answer=100, limit=10, seed=3)
     rl_data.run(params, str(tmp_path / "a"))
     rl_data.run(params, str(tmp_path / "b"))
     a, b = read_jsonl(tmp_path / "a" / "train.jsonl"), read_jsonl(tmp_path / "b" / "train.jsonl")
@@ -329,8 +335,9 @@ def test_rl_data_limit_is_a_seeded_sample(tmp_path):
 
 def test_rl_data_rejects_unknown_benchmark(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmarks"):
-        rl_data.run({"sources": [{"name": "x", "path": "x.csv", "fields": {"problem": "p", "answer": "a"}}],
-                     "decontaminate_against": ["hmmt25"], "max_abs_answer": 10}, str(tmp_path))
+        params = _rl_data(sources=[{"name": "x", "path": "x.csv", "fields": {"problem": "p", "answer": "a"}}],
+                          decontaminate_against=[], max_abs_answer=10)
+        rl_data.run({**params, "decontaminate_against": ["hmmt25"]}, str(tmp_path))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -20,18 +20,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import write_tiny_rl_inputs
+from conftest import stage_params, write_tiny_rl_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 ACCEL_CFG = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
        "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1"}
 
-RL_PARAMS = {"name": "rl_stage1", "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2,
-             "oversample": 2, "prompts_per_step": 2, "learning_rate": 1e-2, "warmup_steps": 0, "clip_low": 0.2,
-             "clip_high": 0.28, "checkpoint_every": 1, "steps": 2, "seed": 3, "tool": {"timeout_s": 3},
-             "rollout": {"max_response_tokens": 16, "max_turns": 2, "temperature": 1.0, "top_p": 1.0,
-                         "batch_size": 4}}
+RL_PARAMS = stage_params("rl", "stage1", overrides={"seed": 3, "tool": {"timeout_s": 3}, "rl": {
+    "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2, "oversample": 2, "prompts_per_step": 2,
+    "learning_rate": 1e-2, "warmup_steps": 0, "checkpoint_every": 1, "temperature": 1.0, "top_p": 1.0,
+    "batch_size": 4, "stages": {"stage1": {"max_response_tokens": 16, "max_turns": 2, "steps": 2}}}})
 
 # Rollouts replaced by a generator: process r keeps trajectories (mixed rewards) in step r + 1 only; in the
 # other step its group has equal rewards and is dropped, so it trains on nothing while the other process does.
@@ -172,8 +171,8 @@ def test_sft_cli_two_processes(setup, tmp_path):
                 {"role": "user", "content": f"Say the number {i}."},
                 {"role": "assistant", "content": f"<reason>It is {i}.</reason>\n<answer>{i}</answer>"}]}) + "\n")
     out = tmp_path / "sft"
-    params = {"epochs": 1, "learning_rate": 1e-3, "batch_size": 4, "grad_accum": 1, "max_length": 256,
-              "warmup_ratio": 0.0, "seed": 0}
+    params = stage_params("sft", overrides={"seed": 0, "sft": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 4,
+                                                           "grad_accum": 1, "max_length": 256, "warmup_ratio": 0.0}})
     _run(_launch("-m", "rstar2.cli", "sft", "--params", json.dumps(params), "--model", root / "model",
                  "--data", data, "--out", out))
     m = json.loads((out / "manifest.json").read_text())

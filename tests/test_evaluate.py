@@ -4,8 +4,9 @@ summary metrics, and resumption that recomputes nothing."""
 import json
 
 import pytest
+from conftest import stage_params
 
-from rstar2 import models, rollout
+from rstar2 import metrics, models, rollout
 from rstar2.rollout import Trajectory
 from rstar2.stages import evaluate
 
@@ -54,10 +55,11 @@ def scripted(monkeypatch):
     return calls
 
 
-def _params(benchmarks, **kw):
-    return {"benchmarks": benchmarks, "limit": 0, "k": 3, "seed": 0, "tool": {},
-            "rollout": {"max_response_tokens": 64, "max_turns": 2, "temperature": 0.6, "top_p": 0.95,
-                        "batch_size": 6}, **kw}
+def _params(benchmarks, seed=0):
+    return stage_params("evaluate", overrides={
+        "seed": seed, "benchmarks": benchmarks,
+        "evaluate": {"benchmarks": list(benchmarks), "limit": 0, "k": 3, "max_response_tokens": 64, "max_turns": 2,
+                     "temperature": 0.6, "top_p": 0.95, "batch_size": 6}})
 
 
 def test_evaluate_grades_summarises_and_resumes(tmp_path, bench_files, scripted):
@@ -122,5 +124,5 @@ def test_bad_gold_stops_before_any_rollout(tmp_path, bench_files, scripted):
 
 
 def test_summarise_with_no_rows_is_all_none():
-    s = evaluate.summarise([], 16)
+    s = metrics.summarise([], 16)
     assert s["n_problems"] == 0 and s["avg_at_k"] is None and s["maj_at_k"] is None

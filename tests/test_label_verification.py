@@ -6,12 +6,18 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from conftest import stage_params
 import torch
 
 from rstar2.io import read_json, read_jsonl, write_json, write_jsonl
 from rstar2.stages import hard_problems, label_verification
 
 ROLLOUT = {"max_response_tokens": 64, "max_turns": 2, "temperature": 1.0, "top_p": 1.0, "batch_size": 64}
+
+
+def _lv(**kw):
+    """label_verification params as the workflow builds them, with ``kw`` set in the config section."""
+    return stage_params("label_verification", overrides={"label_verification": {**ROLLOUT, **kw}})
 
 
 class CyclingVerifier:
@@ -48,7 +54,7 @@ def test_keeps_problems_whose_label_is_matched_at_least_min_matches_times(tmp_pa
     # matches (kept), gold 5 one match (dropped: label_mismatch), gold 4 none (dropped).
     data, funnel = _candidates(tmp_path, {0: "7", 1: "5", 2: "4"})
     verifier = CyclingVerifier(qwen_tokenizer, [7, 7, 9, 9, 5, 8, 8, 8, 3, 3, 3, 3])
-    params = {"enabled": True, "samples": 4, "min_matches": 2, "rollout": ROLLOUT, "tool": {}, "seed": 0}
+    params = _lv(enabled=True, samples=4, min_matches=2)
     out = tmp_path / "out"
     label_verification.run(params, str(data), str(funnel), str(out), model_and_tokenizer=(verifier, qwen_tokenizer))
 
@@ -76,8 +82,7 @@ def test_only_sources_limits_verification(tmp_path, qwen_tokenizer):
     f = read_json(funnel)
     f["per_source"]["trusted"] = {"loaded": 1, "decontaminate": 1}
     write_json(funnel, f)
-    params = {"enabled": True, "samples": 2, "min_matches": 2, "only_sources": ["pool"], "rollout": ROLLOUT,
-              "tool": {}, "seed": 0}
+    params = _lv(enabled=True, samples=2, min_matches=2, only_sources=["pool"])
     label_verification.run(params, str(data), str(funnel), str(tmp_path / "out"),
                            model_and_tokenizer=(CyclingVerifier(qwen_tokenizer, [9]), qwen_tokenizer))
     assert [r["id"] for r in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["trusted-0"]
@@ -87,7 +92,7 @@ def test_only_sources_limits_verification(tmp_path, qwen_tokenizer):
 def test_disabled_passes_rows_through_as_a_skipped_step(tmp_path):
     data, funnel = _candidates(tmp_path, {0: "7", 1: "5"})
     out = tmp_path / "out"
-    label_verification.run({"enabled": False, "samples": 16, "min_matches": 2}, str(data), str(funnel), str(out))
+    label_verification.run(_lv(enabled=False, samples=16, min_matches=2), str(data), str(funnel), str(out))
     assert read_jsonl(out / "train.jsonl") == read_jsonl(data)
     assert not (out / "verification.jsonl").exists()
     f = read_json(out / "funnel.json")
@@ -99,10 +104,10 @@ def test_disabled_passes_rows_through_as_a_skipped_step(tmp_path):
 def test_enabled_without_a_model_or_with_bad_counts_is_an_error(tmp_path):
     data, funnel = _candidates(tmp_path, {0: "7"})
     with pytest.raises(ValueError, match="no verifier model"):
-        label_verification.run({"enabled": True, "samples": 4, "min_matches": 2}, str(data), str(funnel),
+        label_verification.run(_lv(enabled=True, samples=4, min_matches=2), str(data), str(funnel),
                                str(tmp_path / "o"))
     with pytest.raises(ValueError, match="min_matches"):
-        label_verification.run({"enabled": True, "samples": 2, "min_matches": 3}, str(data), str(funnel),
+        label_verification.run(_lv(enabled=True, samples=2, min_matches=3), str(data), str(funnel),
                                str(tmp_path / "o"))
 
 
@@ -115,7 +120,9 @@ def test_hard_problem_mining_records_pass_counts_and_drops_k_of_k(tmp_path, qwen
     order = [r["answer"] for r in rows]
     script = {"7": [7, 7], "5": [5, 8], "4": [3, 3]}
     answers = [a for gold in order for a in script[gold]]
-    params = {"k": 2, "subset_size": 0, "rollout": ROLLOUT, "tool": {}, "seed": 0}
+    params = stage_params("hard_problems", overrides={"hard_problems": {"k": 2, "subset_size": 0, "max_response_tokens": 64,
+                                                                       "max_turns": 2},
+                                                     "rl": {"temperature": 1.0, "top_p": 1.0, "batch_size": 64}})
     out = tmp_path / "hard"
     hard_problems.run(params, "unused", str(data), str(out),
                       model_and_tokenizer=(CyclingVerifier(qwen_tokenizer, answers), qwen_tokenizer))

@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from conftest import stage_params
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, WINDOW, MARGIN = 6, 3, 0.25
@@ -28,11 +29,12 @@ PROBLEMS = ("arith-train-00220", "arith-train-00210")
 def test_short_rl_run_raises_the_reward(tmp_path):
     from rstar2.stages import base_model, rl, sft, sft_data
 
-    base_model.run({"source": "smollm2_wheel", "seed": 0}, str(tmp_path / "base"))
-    sft_data.run({"glaive": None, "toolformer": None, "alpaca": None, "string_tools": {"n": 96}, "seed": 0},
-                 str(tmp_path / "sft_data"))
-    sft.run({"epochs": 1, "learning_rate": 1e-4, "batch_size": 8, "grad_accum": 1, "max_length": 1024,
-             "warmup_ratio": 0.1, "seed": 0, "limit": 0, "trainer": {"bf16": True}},
+    # the learning config's settings (configs/cpu-learning.yaml), as the workflow builds them
+    learning = ("configs/cpu-learning.yaml",)
+    base_model.run(stage_params("base_model", files=learning), str(tmp_path / "base"))
+    sft_data.run(stage_params("sft_data", files=learning), str(tmp_path / "sft_data"))
+    sft.run(stage_params("sft", files=learning, overrides={"sft": {"epochs": 1, "learning_rate": 1e-4, "batch_size": 8,
+                                                                   "warmup_ratio": 0.1}}),
             str(tmp_path / "base" / "model"), str(tmp_path / "sft_data" / "train.jsonl"), str(tmp_path / "sft"))
 
     rows = [json.loads(line) for line in open(REPO / "data/learning/train.jsonl")]
@@ -40,11 +42,10 @@ def test_short_rl_run_raises_the_reward(tmp_path):
     assert len(fixed) == len(PROBLEMS)
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in fixed))
-    params = {"name": "rl_stage1", "mode": "grpo_roc", "steps": STEPS, "prompts_per_step": 2, "group_size": 4,
-              "oversample": 2, "learning_rate": 5e-5, "warmup_steps": 0, "clip_low": 0.2, "clip_high": 0.28,
-              "checkpoint_every": 0, "seed": 0, "heldout": None, "trainer": {"bf16": True},
-              "rollout": {"max_response_tokens": 160, "max_turns": 2, "temperature": 0.8, "top_p": 1.0,
-                          "batch_size": 16, "precision": "bf16"}}
+    params = stage_params("rl", "stage1", files=learning, overrides={"seed": 0, "rl": {
+        "mode": "grpo_roc", "prompts_per_step": 2, "group_size": 4, "oversample": 2, "learning_rate": 5e-5,
+        "warmup_steps": 0, "checkpoint_every": 0, "temperature": 0.8, "top_p": 1.0, "batch_size": 16,
+        "heldout": {"benchmark": None}, "stages": {"stage1": {"max_response_tokens": 160, "max_turns": 2, "steps": STEPS}}}})
     rl.run(params, str(tmp_path / "sft" / "model"), str(data), str(tmp_path / "rl"))
 
     metrics = [json.loads(line) for line in open(tmp_path / "rl" / "metrics.jsonl")]

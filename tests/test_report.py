@@ -5,12 +5,18 @@ import os
 
 import pytest
 
+from conftest import stage_params
 from rstar2.report import plots
 from rstar2.stages import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("training_curves.png", "funnel.png", "eval.png", "learning_curve.png", "ablation.png")
 PAGES = ("summary.md", "summary.html", "trajectories.md", "trajectories.html")
+
+
+def _rp(**report):
+    """The report stage's params as the workflow builds them, with ``report`` settings changed."""
+    return stage_params("report", overrides={"report": report} if report else None)
 
 
 def _metrics_row(step, reward, **kw):
@@ -107,7 +113,7 @@ def test_report_full(tmp_path, fake_inputs):
                  [{"step": 1, "kept": True, **_sample("old", 1.0)}]
                  + [{"step": 2, "kept": k, **_sample(f"s2-{i}", float(k))} for i, k in enumerate([False, True])])
     out = tmp_path / "report"
-    report.run({"dpi": 60}, fake_inputs, str(out))
+    report.run(_rp(dpi=60), fake_inputs, str(out))
     md, manifest = _check_outputs(out)
 
     # evaluation table: avg@k in percent with CI for both models, the paper's Table 3 rows beside them
@@ -171,7 +177,7 @@ def test_report_uses_rl_data_funnel_png_and_declared_paper_columns(tmp_path, fak
         "gpqa_diamond": {"n_problems": 198, "k": 4, "avg_at_k": 0.3, "avg_at_k_ci": [0.25, 0.35],
                          "answer_type": "choice"}}})
     out = tmp_path / "report"
-    report.run({"dpi": 60}, fake_inputs, str(out))
+    report.run(_rp(dpi=60), fake_inputs, str(out))
     assert (out / "funnel.png").read_bytes() == funnel_png.read_bytes()
     md = (out / "summary.md").read_text()
     assert "| model | source | hmmt_february | gpqa_diamond | aime24 | aime25 |" in md
@@ -194,7 +200,7 @@ def test_training_curves_plot_new_metrics_when_present(tmp_path):
 
 def test_report_with_no_inputs(tmp_path):
     out = tmp_path / "report"
-    report.run({}, {}, str(out))
+    report.run(_rp(), {}, str(out))
     md, manifest = _check_outputs(out)
     assert "Evaluation: no data." in md
     assert "Data funnel: no data." in md
@@ -213,7 +219,7 @@ def test_report_with_missing_files(tmp_path):
                                                                      "gone": str(tmp_path / "nope")},
               "rl_data": str(tmp_path / "data")}
     out = tmp_path / "report"
-    report.run({}, inputs, str(out))
+    report.run(_rp(), inputs, str(out))
     md, _ = _check_outputs(out)
     assert "Evaluation: no data." in md
     assert "Data funnel: no data." in md
@@ -227,7 +233,7 @@ def test_report_partial_stages_and_percent_values(tmp_path):
     _write_json(tmp_path / "ev" / "summary.json", {"model": "m", "benchmarks": {
         "MATH-500": {"n_problems": 10, "k": 1, "avg_at_k": 70.0, "avg_at_k_ci": [60.0, 80.0]}}})
     out = tmp_path / "report"
-    report.run({}, {"rl_stages": {"stage2": str(tmp_path / "s2")}, "eval": {"m": str(tmp_path / "ev")}},
+    report.run(_rp(), {"rl_stages": {"stage2": str(tmp_path / "s2")}, "eval": {"m": str(tmp_path / "ev")}},
                str(out))
     md, _ = _check_outputs(out)
     assert "| m | this run | 70.0 [60.0, 80.0] |" in md
@@ -250,7 +256,7 @@ def test_report_warns_when_a_stage_had_no_learning_signal(tmp_path):
         rows = [{"step": i, "reward_mean": 0.0, "all_correct_frac": 0.0, "all_wrong_frac": wrong} for i in (1, 2)]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
-    report.run({}, {"rl_stages": {"flat": str(tmp_path / "flat"), "mixed": str(tmp_path / "mixed")}, "eval": {},
+    report.run(_rp(), {"rl_stages": {"flat": str(tmp_path / "flat"), "mixed": str(tmp_path / "mixed")}, "eval": {},
                     "rl_data": str(tmp_path / "none")}, str(out))
     warnings = [line for line in (out / "summary.md").read_text().splitlines() if "no learning signal" in line]
     assert len(warnings) == 1 and "(flat)" in warnings[0] and "2 steps all wrong" in warnings[0]
@@ -268,7 +274,7 @@ def test_report_pages_render_in_headless_chromium(tmp_path, fake_inputs):
     _write_jsonl(ev / "sft" / "aime24" / "per_problem.jsonl", [
         {"id": "aime24-60", "rewards": [1.0], "sample": _sample("aime24-60", 1.0, text_extra="<script>x=1</script>")}])
     out = tmp_path / "report"
-    report.run({"dpi": 40}, fake_inputs, str(out))
+    report.run(_rp(dpi=40), fake_inputs, str(out))
     page = browser.static_page(out / "summary.html", tmp_path)
     tables = page["tables"]
     assert ["model", "source", "aime24", "math500", "aime25"] in [t[0] for t in tables]
@@ -321,7 +327,7 @@ def test_report_learning_curve_and_ablation(tmp_path):
                      + [{**_heldout_rows([0.1, 0.2 + seed / 10], n=50)[1], "step": 8}])
         runs.append({"mode": mode, "seed": seed, "dir": str(d)})
     out = tmp_path / "report"
-    report.run({}, {"rl_stages": {"stage1": str(rl)}, "ablation": runs}, str(out))
+    report.run(_rp(), {"rl_stages": {"stage1": str(rl)}, "ablation": runs}, str(out))
     md, manifest = _check_outputs(out)
     assert manifest["counts"]["ablation_runs"] == 4
     # held-out table: one row per evaluation, accuracy with its interval in percent
@@ -344,7 +350,7 @@ def test_ablation_table_reads_the_evaluation_at_the_last_step_and_names_runs_wit
         runs.append({"mode": "grpo", "seed": seed, "dir": str(d)})
     runs.append({"mode": "grpo", "seed": 2, "dir": str(tmp_path / "never-started")})
     out = tmp_path / "report"
-    report.run({}, {"ablation": runs}, str(out))
+    report.run(_rp(), {"ablation": runs}, str(out))
     md, _ = _check_outputs(out)
     # seed 0 was never evaluated at its last step (6): its end column is empty, not step 0's 10 %
     assert "| grpo | 0 | 6 | 10.0 [1.0, 19.0] | – |" in md
@@ -357,7 +363,7 @@ def test_ablation_table_reads_the_evaluation_at_the_last_step_and_names_runs_wit
 
 def test_report_without_heldout_or_ablation_says_so(tmp_path):
     out = tmp_path / "report"
-    report.run({}, {}, str(out))
+    report.run(_rp(), {}, str(out))
     md, _ = _check_outputs(out)
     assert "No held-out evaluation during RL was found" in md and "No ablation runs configured" in md
 
@@ -368,7 +374,7 @@ def test_report_rejects_bad_inputs_naming_the_flag_and_the_entry(tmp_path):
     with pytest.raises(SystemExit, match="--inputs is not valid JSON"):
         cli.main(["report", "--params", "{}", "--inputs", "{oops", "--out", str(tmp_path / "r")])
     with pytest.raises(ValueError, match=r"ablation entry 1 lacks \['mode'\]"):
-        report.run({}, {"ablation": [{"mode": "grpo", "seed": 0, "dir": str(tmp_path)},
+        report.run(_rp(), {"ablation": [{"mode": "grpo", "seed": 0, "dir": str(tmp_path)},
                                      {"seed": 1, "dir": str(tmp_path)}]}, str(tmp_path / "r"))
 
 
@@ -383,7 +389,7 @@ def test_report_survives_malformed_inputs_with_notes(tmp_path):
     ablation = [{"mode": "grpo", "seed": "x", "dir": str(tmp_path / "a")},
                 {"mode": "grpo", "seed": None, "dir": str(tmp_path / "b")}]
     out = tmp_path / "report"
-    report.run({}, {"rl_stages": {"stage1": str(rl), "stage2": str(tmp_path / "none")}, "ablation": ablation},
+    report.run(_rp(), {"rl_stages": {"stage1": str(rl), "stage2": str(tmp_path / "none")}, "ablation": ablation},
                str(out))
     md, _ = _check_outputs(out)
     assert "metrics.jsonl: line 1 is not valid JSON" in md
@@ -392,7 +398,7 @@ def test_report_survives_malformed_inputs_with_notes(tmp_path):
     assert "none/metrics.jsonl: not found" in md
     assert "some (mode, seed) pairs appear more than once" not in md
     with pytest.raises(ValueError, match="'rl_stages' must be a JSON object, got list"):
-        report.run({}, {"rl_stages": [str(rl)]}, str(out))
+        report.run(_rp(), {"rl_stages": [str(rl)]}, str(out))
 
 
 def test_ablation_warns_on_repeated_runs_and_unequal_budgets(tmp_path):
@@ -402,6 +408,6 @@ def test_ablation_warns_on_repeated_runs_and_unequal_budgets(tmp_path):
         _write_jsonl(d / "metrics.jsonl", [_metrics_row(s, 0.3) for s in range(1, steps + 1)])
         runs.append({"mode": mode, "seed": seed, "dir": str(d)})
     out = tmp_path / "report"
-    report.run({}, {"ablation": runs}, str(out))
+    report.run(_rp(), {"ablation": runs}, str(out))
     md, _ = _check_outputs(out)
     assert "some (mode, seed) pairs appear more than once" in md and "different numbers of steps ([8, 20])" in md

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import write_tiny_rl_inputs
+from conftest import stage_params, write_tiny_rl_inputs
 from conftest import kill_group_when
 import torch
 
@@ -54,11 +54,10 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     write_tiny_rl_inputs(root, 10)
     (root / "runner.py").write_text(RUNNER)
-    params = {"name": "rl_stage1", "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2,
-              "oversample": 2, "prompts_per_step": 1, "learning_rate": 1e-2, "warmup_steps": 2, "clip_low": 0.2,
-              "clip_high": 0.28, "checkpoint_every": 1, "steps": STEPS, "seed": 1, "tool": {"timeout_s": 3},
-              "rollout": {"max_response_tokens": 16, "max_turns": 1, "temperature": 1.0, "top_p": 1.0,
-                          "batch_size": 4}}
+    params = stage_params("rl", "stage1", overrides={"seed": 1, "tool": {"timeout_s": 3}, "rl": {
+        "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2, "oversample": 2,
+        "prompts_per_step": 1, "learning_rate": 1e-2, "warmup_steps": 2, "checkpoint_every": 1, "temperature": 1.0,
+        "top_p": 1.0, "batch_size": 4, "stages": {"stage1": {"max_response_tokens": 16, "max_turns": 1, "steps": STEPS}}}})
     return root, params
 
 

@@ -101,16 +101,22 @@ def test_config_errors_and_trainer_engines(qwen_tokenizer):
 
     from rstar2.rollout import engines_for_trainer
     from rstar2.rollout.engines import HFEngine, OpenAIEngine
-    from rstar2.stages.rl import rollout_config
 
     with pytest.raises(ValueError, match="rollout.scheduler"):
         RolloutConfig(scheduler="fifo")
     with pytest.raises(ValueError, match="server_urls"):
         RolloutConfig(engine="server")
-    cfg = rollout_config({"rollout": {"max_response_tokens": 64, "max_turns": 2, "temperature": 1.0, "top_p": 1.0,
-                                      "batch_size": 4, "engine": "server", "server_urls": ["http://127.0.0.1:1"],
-                                      "scheduler": "static", "kv_cache_tokens": None, "num_engines": 1,
-                                      "max_calls_per_turn": 1}, "tool": {}})
+    rollout = {"max_response_tokens": 64, "max_turns": 2, "temperature": 1.0, "top_p": 1.0, "batch_size": 4,
+               "engine": "server", "server_urls": ["http://127.0.0.1:1"], "server_model": None, "scheduler": "static",
+               "kv_cache_tokens": None, "num_engines": 1, "max_calls_per_turn": 1, "max_inflight_per_engine": 8,
+               "precision": "fp32"}
+    tool = {"name": "python", "timeout_s": 3, "memory_mb": 256, "max_output_chars": 100}
+    cfg = RolloutConfig.from_params(rollout, tool)
+    assert cfg.tool.limits().timeout_s == 3 and cfg.tool.name == "python"
+    with pytest.raises(ValueError, match=r"missing \['precision'\]"):
+        RolloutConfig.from_params({k: v for k, v in rollout.items() if k != "precision"}, tool)
+    with pytest.raises(ValueError, match=r"unknown \['tool_name'\]"):
+        RolloutConfig.from_params({**rollout, "tool_name": "x"}, tool)
     assert cfg.server_urls == ("http://127.0.0.1:1",) and cfg.scheduler == "static"
     model = types.SimpleNamespace(config=types.SimpleNamespace(_name_or_path="m"))
     plain = types.SimpleNamespace(use_vllm=False, model=model, accelerator=types.SimpleNamespace(unwrap_model=lambda m: m))

@@ -42,12 +42,19 @@ def smk(workdir: Path, *args: str, check: bool = True, timeout: int = 600) -> su
 
 
 def planned_jobs(workdir: Path, *args: str) -> dict[str, int]:
-    """Job counts per rule from a dry run ({} when there is nothing to do)."""
+    """Job counts from a dry run ({} when there is nothing to do), per rule; the one RL rule's jobs are named by
+    their run: rl_stage1..3 for the stages, rl_ablation for the ablation runs."""
     out = smk(workdir, "-n", "--configfile", *args).stdout
     if "Nothing to be done" in out:
         return {}
     table = out[out.index("Job stats:"):out.index("total")]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+    jobs = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+    runs = re.findall(r"^rule rl:\n(?:    .*\n)*?    wildcards: run=(\S+)$", out, re.M)
+    assert len(runs) == jobs.pop("rl", 0), out
+    for run in runs:
+        name = "rl_" + run.split("/")[1] if run.startswith("rl/") else "rl_ablation"
+        jobs[name] = jobs.get(name, 0) + 1
+    return jobs
 
 
 def planned_eval_models(workdir: Path, *args: str) -> set[str]:

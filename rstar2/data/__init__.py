@@ -1,12 +1,26 @@
 """Data loading and RL data curation: spec-driven loaders, integer-answer normalisation, the curation funnel
-and the evaluation benchmarks bundled under data/eval/."""
+and the evaluation benchmarks bundled under data/eval/.
 
-from rstar2.data.answers import classify_integer_answer, last_boxed, normalize_integer_answer
-from rstar2.data.benchmarks import DEFAULT_BENCHMARKS, load_benchmark
-from rstar2.data.curate import curate, format_funnel, funnel_table
-from rstar2.data.loaders import BUNDLED_SOURCES, REPO_ROOT, load_source, resolve_path
+The package imports none of its modules up front: ``rstar2.grading`` needs only ``data.answers``, and every
+grading worker would otherwise load pandas and datasketch (seconds per worker) through the loaders and the
+near-dedupe. The names below are resolved from their modules on first use. The curation function itself is
+``rstar2.data.curate.curate``: as a package attribute, ``curate`` would be the function or the submodule
+depending on what was imported first.
+"""
 
-__all__ = [
-    "BUNDLED_SOURCES", "DEFAULT_BENCHMARKS", "REPO_ROOT", "classify_integer_answer", "curate", "format_funnel",
-    "funnel_table", "last_boxed", "load_benchmark", "load_source", "normalize_integer_answer", "resolve_path",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "classify_integer_answer": "answers", "last_boxed": "answers", "normalize_integer_answer": "answers",
+    "DEFAULT_BENCHMARKS": "benchmarks", "load_benchmark": "benchmarks",
+    "format_funnel": "curate", "funnel_table": "curate",
+    "BUNDLED_SOURCES": "loaders", "WORKING_DIR": "loaders", "load_source": "loaders", "resolve_path": "loaders",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rstar2.data' has no attribute {name!r}")
+    return getattr(import_module(f"rstar2.data.{_EXPORTS[name]}"), name)

@@ -4,7 +4,8 @@ Every benchmark is one spec dict (config ``benchmarks:``; the bundled defaults a
 a :func:`rstar2.data.loaders.load_source` spec (``path``, ``fields``, ...) plus
 
 - ``answer_type``: ``integer`` (AIME, AMC), ``math`` (MATH-500, HMMT: LaTeX answers) or ``choice`` (GPQA);
-  it selects the gold check and the grader in :data:`ANSWER_TYPES`, the one table that says how each kind
+  it selects the gold check and the grader in :data:`ANSWER_TYPE_RULES` (one entry per
+  ``grading.ANSWER_TYPES`` name), the one table that says how each kind
   of answer is loaded and graded (default ``math``, which also grades integers exactly);
 - ``choices``: for ``choice`` only, the columns that hold the wrong options. ``fields.answer`` names the
   column of the correct option's text. The options are shuffled per problem (seeded by the benchmark name
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from rstar2 import grading
 from rstar2.data.answers import normalize_integer_answer
-from rstar2.data.loaders import REPO_ROOT, load_source
+from rstar2.data.loaders import WORKING_DIR, load_source
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def _integer_gold(raw: str) -> str:
     return str(value) if value is not None else raw.strip()
 
 
-ANSWER_TYPES: dict[str, AnswerType] = {
+ANSWER_TYPE_RULES: dict[str, AnswerType] = {
     # "025" -> "25", "27.0" -> "27": graders then compare like with like
     "integer": AnswerType("integer", _integer_gold, "exact integer, then the general rules (grading.grade)"),
     "math": AnswerType("math", _integer_gold, "integers, exact rationals, then Math-Verify (grading.grade)"),
@@ -84,12 +85,12 @@ def answer_type(spec: dict | None) -> AnswerType:
         ValueError: an unknown ``answer_type``.
     """
     name = (spec or {}).get("answer_type") or "math"
-    if name not in ANSWER_TYPES:
-        raise ValueError(f"benchmark answer_type must be one of {sorted(ANSWER_TYPES)}, not {name!r}")
-    return ANSWER_TYPES[name]
+    if name not in ANSWER_TYPE_RULES:
+        raise ValueError(f"benchmark answer_type must be one of {sorted(ANSWER_TYPE_RULES)}, not {name!r}")
+    return ANSWER_TYPE_RULES[name]
 
 
-def load_benchmark(name: str, spec: dict | None = None, base_dir: Path | str = REPO_ROOT) -> list[dict]:
+def load_benchmark(name: str, spec: dict | None = None, base_dir: Path | str = WORKING_DIR) -> list[dict]:
     """Load one benchmark as rows ``{"id", "problem", "answer", "answer_raw", "answer_type"}`` (strings).
 
     ``answer`` is the canonical gold of the benchmark's answer type: the integer ("025" -> "25", "27.0" -> "27")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from rstar2.data.answers import OK, classify_integer_answer
-from rstar2.data.loaders import REPO_ROOT, load_source
+from rstar2.data.loaders import WORKING_DIR, load_source
 from rstar2.data.near_dedupe import near_duplicates
 
 STEPS = ["loaded", "integer_answer", "dedupe", "near_dedupe", "decontaminate"]
@@ -46,7 +46,7 @@ Progress = Callable[[str, int, float], None]
 
 def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int = 8,
            max_abs_answer: int, near_dedupe: dict | None = None, boilerplate_min_problems: int = 0,
-           base_dir: Path | str = REPO_ROOT, progress: Progress | None = None) -> tuple[list[dict], dict]:
+           base_dir: Path | str = WORKING_DIR, progress: Progress | None = None) -> tuple[list[dict], dict]:
     """Run the funnel over ``sources`` (load_source specs) against ``benchmarks`` (name -> rows with "problem").
 
     Args:

@@ -38,7 +38,7 @@ import pandas as pd
 from rstar2.data.answers import last_boxed
 
 # Relative dataset paths start at the working directory: the folder snakemake runs in.
-REPO_ROOT = Path(".")
+WORKING_DIR = Path(".")
 HUB_PREFIX = "hub:"
 _EXTENSION_FORMATS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _MISSING = object()  # sentinel: a dotted path that does not resolve (absent key, null, NaN)
@@ -65,7 +65,7 @@ BUNDLED_SOURCES: list[dict] = [
 ]
 
 
-def load_source(spec: dict, base_dir: Path | str = REPO_ROOT) -> list[dict]:
+def load_source(spec: dict, base_dir: Path | str = WORKING_DIR) -> list[dict]:
     """Read one dataset into rows ``{"id", "source", "problem", "answer_raw"}`` (+ ``origin``, ``language``).
 
     ``answer_raw`` is the gold as text (numbers are stringified: 27.0 -> "27.0"), or None when the row has no
@@ -103,7 +103,7 @@ def load_source(spec: dict, base_dir: Path | str = REPO_ROOT) -> list[dict]:
     return rows
 
 
-def resolve_path(spec: dict, base_dir: Path | str = REPO_ROOT) -> str:
+def resolve_path(spec: dict, base_dir: Path | str = WORKING_DIR) -> str:
     """The path a spec reads, absolute (or the ``hub:`` id unchanged), for manifests' ``inputs``."""
     path = str(spec["path"])
     if path.startswith(HUB_PREFIX):
@@ -112,7 +112,7 @@ def resolve_path(spec: dict, base_dir: Path | str = REPO_ROOT) -> str:
     return str(p if p.is_absolute() else Path(base_dir) / p)
 
 
-def read_table(spec: dict, base_dir: Path | str = REPO_ROOT) -> tuple[pd.DataFrame, str]:
+def read_table(spec: dict, base_dir: Path | str = WORKING_DIR) -> tuple[pd.DataFrame, str]:
     """Read the spec's file into a DataFrame, keeping values raw (no dtype guessing: "042" stays "042").
 
     Returns:

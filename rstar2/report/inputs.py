@@ -124,8 +124,6 @@ def load(inputs: dict) -> Inputs:
         got.manifests[name] = read_json(d / "manifest.json", got.notes)
         got.heldout[name] = step_rows(d / "heldout.jsonl", got.notes)
     for i, run in enumerate(inputs.get("ablation") or []):
-        from .learning import load_run
-
         missing = [k for k in ("mode", "seed", "dir") if not isinstance(run, dict) or k not in run]
         if missing:
             raise ValueError(f"report inputs: ablation entry {i} lacks {missing} (each needs mode, seed and dir)")
@@ -145,6 +143,11 @@ def load(inputs: dict) -> Inputs:
         if (d / "funnel.png").is_file():
             got.funnel_png = d / "funnel.png"
     return got
+
+
+def load_run(d: Path, notes: list[str]) -> dict:
+    """``{"metrics": [...], "heldout": [...]}`` of one RL folder (missing files give empty lists)."""
+    return {"metrics": step_rows(d / "metrics.jsonl", notes), "heldout": step_rows(d / "heldout.jsonl", notes)}
 
 
 def pct(x) -> float | None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from .canvas import new_figure, no_data, save
 from .document import Figure, Heading, Para, Table
-from .inputs import num, step_rows
+from .inputs import num
 
 ABLATION_PANELS = [  # (title, metrics source, key)
     ("training reward (mean per step, 5-step moving average)", "metrics", "reward_mean"),
@@ -23,11 +24,6 @@ ABLATION_PANELS = [  # (title, metrics source, key)
     ("tool-error ratio, positive trajectories (paper Fig. 4)", "metrics", "tool_error_ratio_pos"),
     ("mean response length, tokens (paper Fig. 9)", "metrics", "response_length_mean"),
 ]
-
-
-def load_run(d: Path, notes: list[str]) -> dict:
-    """``{"metrics": [...], "heldout": [...]}`` of one RL folder (missing files give empty lists)."""
-    return {"metrics": step_rows(d / "metrics.jsonl", notes), "heldout": step_rows(d / "heldout.jsonl", notes)}
 
 
 def _moving_average(ys: list[float], w: int = 5) -> list[float]:
@@ -46,9 +42,7 @@ def _series(run: dict, source: str, key: str) -> list[tuple[float, float]]:
 
 def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
     """Held-out accuracy per evaluation step with its 95% interval as error bars, one series per RL stage."""
-    from .plots import _new_figure, _no_data, _save
-
-    fig = _new_figure(7, 4.5)
+    fig = new_figure(7, 4.5)
     ax = fig.subplots()
     drawn = False
     for name, rows in heldout.items():
@@ -65,7 +59,7 @@ def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
         ax.plot(xs, ys, ":", color=line[0].get_color())
         drawn = True
     if not drawn:
-        _no_data(ax, "no held-out evaluation during RL")
+        no_data(ax, "no held-out evaluation during RL")
     else:
         ax.set_xlabel("RL step (step 0 = the SFT model; dotted: joins evaluations, not measured between them)")
         ax.set_ylabel("held-out accuracy, % (95% CI)")
@@ -73,16 +67,14 @@ def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("Held-out accuracy during RL")
-    _save(fig, path, dpi)
+    save(fig, path, dpi)
 
 
 def plot_ablation(runs: list[dict], path: Path, dpi: int) -> None:
     """Four panels (:data:`ABLATION_PANELS`): each run thin, each mode's mean over its seeds thick."""
     import matplotlib
 
-    from .plots import _new_figure, _no_data, _save
-
-    fig = _new_figure(13, 8)
+    fig = new_figure(13, 8)
     axes = fig.subplots(2, 2).ravel()
     modes = sorted({r["mode"] for r in runs})
     colors = dict(zip(modes, matplotlib.colormaps["tab10"].colors))
@@ -104,14 +96,14 @@ def plot_ablation(runs: list[dict], path: Path, dpi: int) -> None:
                         label=f"{mode} (mean of {len(curves)} seed{'s' if len(curves) > 1 else ''})")
                 drawn = True
         if not drawn:
-            _no_data(ax)
+            no_data(ax)
             continue
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("GRPO vs GRPO-RoC, same budget (thin: one seed; thick: mean over seeds)"
                  + ("" if runs else " (no ablation runs)"))
-    _save(fig, path, dpi)
+    save(fig, path, dpi)
 
 
 def _fmt_pct(x) -> str:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..io import atomic_path
 from . import paper
+from .canvas import NO_DATA, new_figure, no_data, save
 from .inputs import num as _num, pct as _pct
-
-NO_DATA = "no data"
 
 #: Panels of training_curves.png: (title, [(metrics key, label, line style)]). A key no stage logged is skipped;
 #: a panel with no key logged says "no data".
@@ -28,27 +26,6 @@ CURVE_PANELS = [
     ("all-correct / all-wrong groups", [("all_correct_frac", "all correct", "-"),
                                         ("all_wrong_frac", "all wrong", "--")]),
 ]
-
-
-def _new_figure(w: float, h: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w, h), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, path: Path, dpi: int) -> None:
-    """Save a PNG atomically."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=dpi, format="png", bbox_inches="tight")
-
-
-def _no_data(ax, what: str = NO_DATA) -> None:
-    ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="0.4")
-    ax.set_xticks([])
-    ax.set_yticks([])
 
 
 def cumulative_x(stages: dict[str, list[dict]]) -> tuple[dict[str, list[float]], list[tuple[str, float, float]]]:
@@ -71,7 +48,7 @@ def plot_training(stages: dict[str, list[dict]], path: Path, dpi: int):
     Saves the PNG and returns the matplotlib Figure."""
     import matplotlib
 
-    fig = _new_figure(15, 8.5)
+    fig = new_figure(15, 8.5)
     axes = fig.subplots(2, 3).ravel()
     xs, spans = cumulative_x(stages)
     colors = matplotlib.colormaps["tab10"].colors
@@ -90,7 +67,7 @@ def plot_training(stages: dict[str, list[dict]], path: Path, dpi: int):
                         marker=".x^"[ki % 3] if len(pts) < 30 else None, label=f"{name}: {label}")
                 drawn = True
         if not drawn:
-            _no_data(ax)
+            no_data(ax)
             continue
         for name, start, end in spans[1:]:
             ax.axvline(start, color="0.6", lw=0.8, ls=":")
@@ -98,7 +75,7 @@ def plot_training(stages: dict[str, list[dict]], path: Path, dpi: int):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     fig.suptitle("RL training curves" + ("" if stages else f" ({NO_DATA})"))
-    _save(fig, path, dpi)
+    save(fig, path, dpi)
     return fig
 
 
@@ -106,7 +83,7 @@ def plot_funnel(funnel: dict | None, path: Path, dpi: int) -> None:
     """Problems remaining after each curation step stacked by source, and drops by reason."""
     import matplotlib
 
-    fig = _new_figure(14, 5.5)
+    fig = new_figure(14, 5.5)
     ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     per_source = (funnel or {}).get("per_source") or {}
     steps = list((funnel or {}).get("steps") or [])
@@ -131,7 +108,7 @@ def plot_funnel(funnel: dict | None, path: Path, dpi: int) -> None:
         ax1.legend(fontsize=7, loc="lower right")
         ax1.grid(axis="x", alpha=0.3)
     else:
-        _no_data(ax1)
+        no_data(ax1)
     ax1.set_title("problems remaining after each step, by source")
     drops = {k: _num(v) for k, v in ((funnel or {}).get("drops") or {}).items()}
     drops = {k: v for k, v in drops.items() if v is not None}
@@ -145,10 +122,10 @@ def plot_funnel(funnel: dict | None, path: Path, dpi: int) -> None:
         ax2.set_xlabel("problems dropped")
         ax2.grid(axis="x", alpha=0.3)
     else:
-        _no_data(ax2)
+        no_data(ax2)
     ax2.set_title("drops by reason")
     fig.suptitle("RL data funnel")
-    _save(fig, path, dpi)
+    save(fig, path, dpi)
 
 
 def plot_eval(evals: dict[str, dict | None], benches: dict[str, str | None], path: Path, dpi: int) -> None:
@@ -156,13 +133,13 @@ def plot_eval(evals: dict[str, dict | None], benches: dict[str, str | None], pat
     the paper's rStar2-Agent-14B value where the benchmark has a paper column (``benches``: bench -> column)."""
     import matplotlib
 
-    fig = _new_figure(max(7, 2.2 * max(1, len(benches)) + 3), 5)
+    fig = new_figure(max(7, 2.2 * max(1, len(benches)) + 3), 5)
     ax = fig.subplots()
     models = {m: s for m, s in evals.items() if s and (s.get("benchmarks") or {})}
     if not models or not benches:
-        _no_data(ax)
+        no_data(ax)
         ax.set_title("evaluation")
-        _save(fig, path, dpi)
+        save(fig, path, dpi)
         return
     colors = matplotlib.colormaps["tab10"].colors
     n = len(models) + 1
@@ -201,4 +178,4 @@ def plot_eval(evals: dict[str, dict | None], benches: dict[str, str | None], pat
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     ax.set_title("evaluation: avg@k with 95% bootstrap CI")
-    _save(fig, path, dpi)
+    save(fig, path, dpi)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from . import paper
+from .canvas import NO_DATA
 from .document import Figure, Heading, Para, Table
 from .inputs import benchmarks_of, num, pct
-
-NO_DATA = "no data"
 
 
 def fmt(x, digits: int = 1) -> str:

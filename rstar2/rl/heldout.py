@@ -2,7 +2,7 @@
 
 A learning curve needs the policy's accuracy on problems it never trains on, measured before the first update
 and every ``every`` steps after. This callback runs the same agent loop and grader as the ``evaluate`` stage
-(``rstar2.stages.evaluate``) on the configured held-out benchmark, inside the RL stage, with the weights of
+(``rstar2.stages.evaluate``: ``rollout.sample_groups``, ``rollout.grade_all``, ``metrics.summarise``) on the configured held-out benchmark, inside the RL stage, with the weights of
 that moment. Sampling runs under a forked torch RNG seeded by (seed, step), so adding or removing evaluations
 does not change the training run's random stream. Two evaluations of the same model with the same seed can
 still differ (measured: step 0 of two ablation runs with the same seed and SFT model, 10% and 12% of 50
@@ -60,7 +60,7 @@ def heldout_summary(trajs: list, k: int) -> dict:
     Raises:
         ValueError: ``len(trajs)`` is not a multiple of ``k``, or there are none.
     """
-    from ..stages.evaluate import summarise
+    from ..metrics import summarise
 
     if not trajs or len(trajs) % k:
         raise ValueError(f"need a positive multiple of k={k} trajectories, got {len(trajs)}")
@@ -100,18 +100,19 @@ def make_heldout_callback(problems: list[dict], answer_type: str, rcfg, every: i
             import torch
 
             from .. import rollout
-            from ..stages.evaluate import score
 
             t0 = time.time()
             was_training = model.training
             with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
                 torch.manual_seed(seed * 1_000_003 + step)
-                trajs = rollout.run_rollouts(
-                    model, tok, [{"id": p["id"], "problem": p["problem"]} for p in problems for _ in range(k)],
-                    rcfg, progress=rollout.Progress(f"held-out eval at step {step}", unit="trajectories"))
+                groups = rollout.sample_groups(
+                    model, tok, [{"id": p["id"], "problem": p["problem"]} for p in problems], k, rcfg,
+                    progress=rollout.Progress(f"held-out eval at step {step}", unit="trajectories"))
             model.train(was_training)
             release_freed_memory()
-            score(trajs, [p["answer"] for p in problems for _ in range(k)], [answer_type] * len(trajs))
+            trajs = [t for g in groups for t in g]
+            rollout.grade_all(trajs, answer_types=[answer_type] * len(trajs),
+                              golds=[p["answer"] for p in problems for _ in range(k)])
             row = {"step": step, **heldout_summary(trajs, k), "wall_s": round(time.time() - t0, 1)}
             append_jsonl(out / "heldout.jsonl", row)
             for i, p in enumerate(problems):

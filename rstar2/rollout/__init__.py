@@ -12,14 +12,14 @@ import threading
 from typing import Callable
 
 from .. import sandbox
-from .agent_loop import (AgentLoop, DelayedToolRunner, Progress, RolloutConfig, ToolRunner,
+from .agent_loop import (AgentLoop, DelayedToolRunner, Progress, RolloutConfig, ToolConfig, ToolRunner,
                          Trajectory, grade_all)
 from .engines import Generation, HFEngine, OpenAIEngine, VLLMEngine, engines_for_trainer, inference_copy
 from .scheduler import Scheduler
 
 __all__ = ["AgentLoop", "DelayedToolRunner", "Generation", "HFEngine", "Progress", "RolloutConfig", "Scheduler",
-           "ToolRunner", "Trajectory", "default_engines", "engines_for_trainer", "grade_all",
-           "run_async", "run_rollouts"]
+           "ToolConfig", "ToolRunner", "Trajectory", "default_engines", "engines_for_trainer", "grade_all",
+           "run_async", "run_rollouts", "sample_groups"]
 
 
 def run_async(coro):
@@ -89,8 +89,7 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
     """
     owned_tools = tools is None
     if tools is None:
-        tools = sandbox.shared_client(sandbox.SandboxLimits(timeout_s=cfg.tool_timeout_s,
-                                                            memory_mb=cfg.tool_memory_mb))
+        tools = sandbox.shared_client(cfg.tool.limits())
     if engines is None:
         engines = default_engines(model, tok, cfg)
     agent = AgentLoop(tok, cfg, tools)
@@ -112,3 +111,21 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
             tools.close()
     grade_all(trajs, reward_fn, [answer_type] * len(trajs))
     return trajs
+
+
+def sample_groups(model, tok, problems: list[dict], k: int, cfg: RolloutConfig, progress=None,
+                  **kwargs) -> list[list[Trajectory]]:
+    """``k`` trajectories per problem (evaluation's avg@k, hard-problem mining, label verification, held-out
+    evaluation): ``run_rollouts`` on each problem repeated ``k`` times, all in one scheduler run.
+
+    Args:
+        problems: as for ``run_rollouts``. k: samples per problem (>= 1). Other arguments go to ``run_rollouts``.
+    Returns:
+        One list of ``k`` trajectories per problem, in input order.
+    Raises:
+        ValueError: k < 1.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1 samples per problem, got {k}")
+    trajs = run_rollouts(model, tok, [p for p in problems for _ in range(k)], cfg, progress, **kwargs)
+    return [trajs[i * k:(i + 1) * k] for i in range(len(problems))]

@@ -12,15 +12,36 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Protocol
 
 from .. import chat, grading_pool, sandbox
 
 
 @dataclass
+class ToolConfig:
+    """The code tool as the model sees it and as the sandbox runs it (the config's ``tool`` section).
+
+    name: the tool's function name in the schema and in ``<tool_call>`` JSON (paper Fig. 3).
+    timeout_s: wall-clock limit of one call (seconds). memory_mb: memory one call may add (MB).
+    max_output_chars: tool output shown to the model, middle-truncated beyond this (released code: 256).
+    """
+    name: str = chat.DEFAULT_TOOL_NAME
+    timeout_s: float = 5.0
+    memory_mb: int = 1024
+    max_output_chars: int = 256
+
+    def limits(self) -> sandbox.SandboxLimits:
+        """The per-call sandbox limits these settings give."""
+        return sandbox.SandboxLimits(timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+
+
+@dataclass
 class RolloutConfig:
     """Sampling, loop limits and rollout-engine settings. Token counts are in the policy tokenizer's tokens.
+
+    The keyword defaults serve the Python API (README examples, tests); a workflow stage builds its config with
+    ``from_params`` from the validated config, where every value is given (the schema holds the defaults).
 
     batch_size: most sequences one engine runs in one forward batch (transformers engine).
     engine: "hf" (transformers ``generate`` on the policy), "vllm" (an in-process ``vllm.LLM`` on the
@@ -33,6 +54,7 @@ class RolloutConfig:
         no KV limit, admission then only caps in-flight trajectories at ``max_inflight_per_engine``).
     max_calls_per_turn: calls executed per turn (released code: 1); further calls are reported as dropped.
     precision: "fp32" | "bf16" for the "hf" engine (bf16 = generate under torch.autocast; weights unchanged).
+    tool: the code tool (``ToolConfig``).
     """
     max_response_tokens: int = 512
     max_turns: int = 10
@@ -46,14 +68,13 @@ class RolloutConfig:
     scheduler: str = "balanced"
     kv_cache_tokens: int | None = None
     max_inflight_per_engine: int = 256
-    tool_name: str = chat.DEFAULT_TOOL_NAME
     max_calls_per_turn: int = 1
-    tool_max_chars: int = 256
-    tool_timeout_s: float = 5.0
-    tool_memory_mb: int = 1024
     precision: str = "fp32"
+    tool: ToolConfig = field(default_factory=ToolConfig)
 
     def __post_init__(self):
+        if isinstance(self.tool, dict):
+            self.tool = ToolConfig(**self.tool)
         if self.engine not in ("hf", "vllm", "server"):
             raise ValueError(f"rollout.engine must be 'hf', 'vllm' or 'server', got {self.engine!r}")
         if self.engine == "server" and not self.server_urls:
@@ -67,6 +88,23 @@ class RolloutConfig:
                      "max_inflight_per_engine"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+
+    @classmethod
+    def from_params(cls, rollout: dict, tool: dict) -> "RolloutConfig":
+        """The config of a stage's ``rollout`` params (every field but ``tool``) and ``tool`` params.
+
+        Raises:
+            ValueError: a field is missing or unknown (names it), or a value is out of range.
+        """
+        names = {f.name for f in fields(cls)} - {"tool"}
+        missing, unknown = sorted(names - set(rollout)), sorted(set(rollout) - names)
+        if missing or unknown:
+            raise ValueError(f"rollout params: missing {missing}, unknown {unknown}")
+        tool_names = {f.name for f in fields(ToolConfig)}
+        if set(tool) != tool_names:
+            raise ValueError(f"tool params: missing {sorted(tool_names - set(tool))}, "
+                             f"unknown {sorted(set(tool) - tool_names)}")
+        return cls(**rollout, tool=ToolConfig(**tool))
 
 
 @dataclass
@@ -132,8 +170,11 @@ class DelayedToolRunner:
 
 
 def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | None = None,
-              answer_types: list[str] | None = None) -> None:
+              answer_types: list[str] | None = None, golds: list[str] | None = None) -> None:
     """Set ``pred``/``reward`` of every trajectory that has a gold answer (Eq. 3).
+
+    ``golds`` (one per trajectory) sets each trajectory's gold first: evaluation rolls out without the answers
+    (the policy never sees them) and grades afterwards.
 
     A truncated trajectory scores 0 and is not graded (spec §1.8). The others are graded on their final
     assistant turn by ``reward_fn(final_turn, gold) -> {"pred", "reward"}`` or, by default, by
@@ -143,6 +184,9 @@ def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | N
     benchmark's grader on that default path.
     """
     types = answer_types or ["math"] * len(trajs)
+    if golds is not None:
+        for t, gold in zip(trajs, golds, strict=True):
+            t.gold = gold
     todo = []
     for t, kind in zip(trajs, types, strict=True):
         if t.gold is None:
@@ -180,7 +224,7 @@ class AgentLoop:
 
     Args:
         tok: the policy tokenizer (``encode``, ``decode``, ``eos_token``, ``eos_token_id``).
-        cfg: loop limits (max_response_tokens, max_turns, max_calls_per_turn, tool_name, tool_max_chars).
+        cfg: loop limits (max_response_tokens, max_turns, max_calls_per_turn) and the tool (cfg.tool).
         tools: executes parsed calls.
     """
 
@@ -189,7 +233,7 @@ class AgentLoop:
 
     def new_trajectory(self, problem: dict) -> Trajectory:
         """A fresh trajectory for ``{"id", "problem", "answer"?}`` with the rStar2 prompt (spec §2.1)."""
-        prompt = chat.prompt_text(problem["problem"], [chat.python_tool_schema(self.cfg.tool_name)])
+        prompt = chat.prompt_text(problem["problem"], [chat.python_tool_schema(self.cfg.tool.name)])
         return Trajectory(problem_id=str(problem["id"]), question=problem["problem"], gold=problem.get("answer"),
                           prompt_ids=self.tok.encode(prompt, add_special_tokens=False))
 
@@ -205,7 +249,7 @@ class AgentLoop:
         if out.finish_reason != "stop" or len(out.token_ids) > budget:
             t.finish_reason = "budget"  # cut by the length limit: a partial call is never parsed or run (T04)
             return []
-        calls = chat.parse_tool_calls(text, self.cfg.tool_name)
+        calls = chat.parse_tool_calls(text, self.cfg.tool.name)
         if not calls:
             t.finish_reason = "answer"
         elif len(t.turns) >= self.cfg.max_turns:
@@ -219,7 +263,7 @@ class AgentLoop:
         if call.error is not None:
             return {"code": None, "status": "parse-error", "output": call.error, "duration_s": 0.0}
         r = await self.tools.run(with_earlier_cells(earlier, call.code), call.stdin)
-        return {"code": call.code, "status": r.status, "output": sandbox.render_result(r, self.cfg.tool_max_chars),
+        return {"code": call.code, "status": r.status, "output": sandbox.render_result(r, self.cfg.tool.max_output_chars),
                 "duration_s": r.duration_s}
 
     async def run_tool_calls(self, t: Trajectory, calls: list[chat.ToolCall]) -> None:

@@ -6,13 +6,21 @@ import time
 from pathlib import Path
 
 from ..io import write_manifest
+from ..params import to_dict
+from .params import BaseModelParams, parse
 
 
 def run(params: dict, out_dir: str) -> None:
-    """Writes ``out_dir/model/`` (config, safetensors, tokenizer) and then ``manifest.json``."""
+    """Writes ``out_dir/model/`` (config, safetensors, tokenizer) and then ``manifest.json``.
+
+    params: ``rstar2.stages.params.BaseModelParams`` or its JSON dict (source, path, hub_id, tiny, seed).
+    Raises:
+        ValueError: a missing or unknown parameter; what ``rstar2.models.materialise`` raises.
+    """
     from .. import models
 
     t0 = time.time()
-    info = models.materialise(params, Path(out_dir) / "model")
+    p = to_dict(parse(BaseModelParams, params, "base_model params"))
+    info = models.materialise(p, Path(out_dir) / "model")
     print(f"[base_model] {info}", flush=True)
-    write_manifest(out_dir, stage="base_model", params=params, inputs=[], counts=info, started=t0)
+    write_manifest(out_dir, stage="base_model", params=p, inputs=[], counts=info, started=t0)

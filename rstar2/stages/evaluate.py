@@ -13,40 +13,13 @@ problem already graded and recomputes nothing; results made with other params ar
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 
 from ..io import append_jsonl, digest, read_jsonl, write_json, write_manifest
-
-
-def summarise(rows: list[dict], k: int) -> dict:
-    """One benchmark's entry of ``summary.json`` from its per-problem rows.
-
-    Args:
-        rows: per-problem records with ``rewards``, ``preds``, ``response_tokens``, ``tool_calls``,
-            ``truncated`` (one entry per sample).
-        k: samples per problem.
-    Returns:
-        ``{"n_problems", "k", "avg_at_k", "avg_at_k_ci" [lo, hi], "pass_at_k", "maj_at_k",
-        "mean_response_tokens", "mean_tool_calls", "truncation_ratio"}``; scores are fractions in [0, 1],
-        means are over problems of the per-problem mean over samples. With no rows every value is None.
-    """
-    from .. import metrics
-
-    if not rows:
-        return {"n_problems": 0, "k": k, "avg_at_k": None, "avg_at_k_ci": None, "pass_at_k": None,
-                "maj_at_k": None, "mean_response_tokens": None, "mean_tool_calls": None, "truncation_ratio": None}
-    rewards = [r["rewards"] for r in rows]
-    out = metrics.summarize_rewards(rewards, k=min(k, min(len(r) for r in rewards)))
-    out["k"] = k
-
-    def mean_of_means(key):
-        return statistics.fmean(statistics.fmean(float(x) for x in r[key]) for r in rows)
-    out.update(maj_at_k=metrics.maj_at_k([r["preds"] for r in rows], rewards),
-               mean_response_tokens=mean_of_means("response_tokens"), mean_tool_calls=mean_of_means("tool_calls"),
-               truncation_ratio=mean_of_means("truncated"))
-    return out
+from ..metrics import summarise
+from ..params import to_dict
+from .params import EvaluateParams, parse
 
 
 def _drop_stale_results(out: Path, params: dict) -> None:
@@ -59,30 +32,16 @@ def _drop_stale_results(out: Path, params: dict) -> None:
     stamp.write_text(digest(params) + "\n")
 
 
-def score(trajs, golds: list[str], answer_types: list[str]) -> None:
-    """Grade trajectories in place (``pred``, ``reward``, ``gold``) by their benchmark's answer type.
-
-    The answer is read from the final turn's text (grading.score_trajectory, run in killable workers with a
-    per-item time bound by grading_pool; an item that overruns scores 0); a trajectory cut by the token
-    budget gets no answer and reward 0. Bad golds were rejected before any rollout.
-    """
-    from ..rollout import grade_all
-
-    for t, gold in zip(trajs, golds, strict=True):
-        t.gold = gold
-    grade_all(trajs, answer_types=answer_types)
-
-
-def _load_problems(params: dict) -> dict[str, tuple[str, list[dict]]]:
+def _load_problems(ev: EvaluateParams) -> dict[str, tuple[str, list[dict]]]:
     """``{bench: (answer_type, problems)}``, the first ``limit`` problems of each; every gold is checked first,
     so a data error stops the stage before any rollout, naming the benchmark, file and problem."""
     from ..data.benchmarks import answer_type, load_benchmark
     from ..grading import gold_is_valid
 
     out = {}
-    for bench, spec in params["benchmarks"].items():
+    for bench, spec in ev.benchmarks.items():
         kind = answer_type(spec).name
-        probs = load_benchmark(bench, spec)[: params.get("limit") or None]
+        probs = load_benchmark(bench, spec)[: ev.limit or None]
         for p in probs:
             if not gold_is_valid(p["answer"], kind):
                 raise ValueError(f"benchmark {bench!r} ({spec.get('path')}), problem {p['id']}: "
@@ -100,8 +59,8 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     and last ``manifest.json``.
 
     Args:
-        params: {"benchmarks": {name: benchmark spec}, "limit": problems per benchmark (0 = all), "k": samples
-            per problem, "rollout": {...}, "tool": {...}, "seed"}.
+        params: ``rstar2.stages.params.EvaluateParams`` or its JSON dict: benchmarks {name: spec}, limit
+            (problems per benchmark, 0 = all), k (samples per problem), rollout, seed.
         model_name / model_dir / out_dir: the model's label, its HF folder, e.g. ``results/eval/<model>``.
     Raises:
         ValueError: a benchmark row with a gold that its answer type cannot grade against.
@@ -109,17 +68,16 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     import torch
 
     from .. import models
-    from ..rollout import Progress, run_rollouts
-    from .rl import rollout_config
+    from ..rollout import Progress, grade_all, sample_groups
 
     t0 = time.time()
+    ev = parse(EvaluateParams, params, "evaluate params")
     out = Path(out_dir)
-    problems = _load_problems(params)           # data errors first, before the model is loaded
-    _drop_stale_results(out, params)
-    torch.manual_seed(params["seed"])
+    problems = _load_problems(ev)           # data errors first, before the model is loaded
+    _drop_stale_results(out, to_dict(ev))
+    torch.manual_seed(ev.seed)
     model, tok = models.load(model_dir)
-    rcfg = rollout_config(params)
-    k = params["k"]
+    rcfg, k = ev.rollout, ev.k
     todo = []                 # all benchmarks share each batch, so short sets do not idle the engine
     for bench, (kind, probs) in problems.items():
         path = out / bench / "per_problem.jsonl"
@@ -130,11 +88,10 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     for start in range(0, len(todo), chunk):
         batch = todo[start:start + chunk]
         # no gold goes into the rollout: grading happens here, by each benchmark's declared answer type
-        trajs = run_rollouts(model, tok, [{"id": p["id"], "problem": p["problem"]}
-                                          for _, _, p in batch for _ in range(k)], rcfg)
-        score(trajs, [p["answer"] for _, _, p in batch for _ in range(k)], [kd for _, kd, _ in batch for _ in range(k)])
-        for i, (bench, kind, p) in enumerate(batch):
-            samples = trajs[i * k:(i + 1) * k]
+        groups = sample_groups(model, tok, [{"id": p["id"], "problem": p["problem"]} for _, _, p in batch], k, rcfg)
+        grade_all([t for g in groups for t in g], answer_types=[kd for _, kd, _ in batch for _ in range(k)],
+                  golds=[p["answer"] for _, _, p in batch for _ in range(k)])
+        for samples, (bench, kind, p) in zip(groups, batch):
             append_jsonl(out / bench / "per_problem.jsonl", {
                 "id": str(p["id"]), "answer": p["answer"], "answer_type": kind,
                 "rewards": [t.reward for t in samples], "preds": [t.pred for t in samples],
@@ -149,12 +106,12 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
         rows = [r for r in read_jsonl(path) if r["id"] in ids] if path.exists() else []
         entry = summarise(rows, k)
         entry["answer_type"] = kind
-        if params["benchmarks"][bench].get("paper"):
-            entry["paper"] = params["benchmarks"][bench]["paper"]
+        if ev.benchmarks[bench].get("paper"):  # optional in a benchmark spec: no default
+            entry["paper"] = ev.benchmarks[bench]["paper"]
         summary["benchmarks"][bench] = entry
         avg = entry["avg_at_k"]
         print(f"[eval] {model_name} {bench}: avg@{k} {avg if avg is None else round(avg, 3)} "
               f"over {len(rows)} problems", flush=True)
     write_json(out / "summary.json", summary)
-    write_manifest(out, stage=f"evaluate_{model_name}", params=params, inputs=[model_dir],
+    write_manifest(out, stage=f"evaluate_{model_name}", params=to_dict(ev), inputs=[model_dir],
                    counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0)

@@ -8,42 +8,40 @@ import time
 from pathlib import Path
 
 from ..io import read_jsonl, write_jsonl, write_manifest
+from ..params import to_dict
+from .params import HardProblemsParams, parse
 
 
 def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_tokenizer=None) -> None:
     """Writes ``pass_counts.jsonl`` (every mined problem with its passes out of k) and ``hard.jsonl``.
 
-    params: {"k", "subset_size" (0 = all problems; else a seeded random subset), "rollout": {...}, "tool": {...},
-    "seed"}. ``model_and_tokenizer``: an already loaded (model, tokenizer) instead of ``model_dir`` (tests).
+    params: ``rstar2.stages.params.HardProblemsParams`` or its JSON dict: k, subset_size (0 = all problems; else
+    a seeded random subset), rollout, seed. ``model_and_tokenizer``: an already loaded (model, tokenizer) instead of ``model_dir`` (tests).
     Raises:
         ValueError: nothing is left after mining (every problem solved k/k): stage 3 would have no data.
     """
     import torch
 
     from .. import models
-    from ..rollout import Progress, run_rollouts
-    from .rl import rollout_config
+    from ..rollout import Progress, sample_groups
 
     t0 = time.time()
-    torch.manual_seed(params["seed"])
+    p = parse(HardProblemsParams, params, "hard_problems params")
+    torch.manual_seed(p.seed)
     rows = read_jsonl(data_path)
-    random.Random(params["seed"]).shuffle(rows)
-    if params.get("subset_size"):
-        rows = rows[: params["subset_size"]]
+    random.Random(p.seed).shuffle(rows)
+    if p.subset_size:
+        rows = rows[: p.subset_size]
     model, tok = model_and_tokenizer or models.load(model_dir)
-    k = params["k"]
-    trajs = run_rollouts(model, tok, [r for r in rows for _ in range(k)], rollout_config(params),
-                         progress=Progress("hard_problems"))
-    counted = []
-    for i, r in enumerate(rows):
-        passes = int(sum(t.reward > 0 for t in trajs[i * k:(i + 1) * k]))
-        counted.append({**r, "passes": passes, "k": k})
+    k = p.k
+    groups = sample_groups(model, tok, rows, k, p.rollout, progress=Progress("hard_problems"))
+    counted = [{**r, "passes": int(sum(t.reward > 0 for t in g)), "k": k} for r, g in zip(rows, groups)]
     hard = [r for r in counted if r["passes"] < k]
     if not hard:
         raise ValueError(f"hard_problems: all {len(rows)} mined problems were solved {k}/{k}; raise subset_size")
     out = Path(out_dir)
     write_jsonl(out / "pass_counts.jsonl", counted)
     write_jsonl(out / "hard.jsonl", hard)
-    write_manifest(out, stage="hard_problems", params=params, inputs=[model_dir, data_path],
+    write_manifest(out, stage="hard_problems", params=to_dict(p), inputs=[model_dir, data_path],
                    counts={"mined": len(rows), "hard": len(hard), "solved_k_of_k": len(rows) - len(hard)},
                    started=t0)

@@ -22,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 from ..io import read_json, read_jsonl, write_jsonl, write_manifest
+from ..params import to_dict
+from .params import LabelVerificationParams, parse
 from .rl_data import write_funnel
 
 STEP = "label_verification"
@@ -32,14 +34,13 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
         model_and_tokenizer=None) -> None:
     """Verify the labels of ``data_path``'s problems and write the final RL data to ``out_dir``.
 
-    params::
+    params: ``rstar2.stages.params.LabelVerificationParams`` or its JSON dict::
 
         enabled      bool: run the verifier (else pass the rows through, step "skipped")
         samples      responses per problem (paper: 16)
         min_matches  keep a problem if at least this many responses match its label (paper: 2)
-        only_sources source names to verify (paper: only OpenMathReasoning); empty or missing = all
-        rollout      {max_response_tokens, max_turns, temperature, top_p, batch_size}
-        tool         {name, max_output_chars, timeout_s, ...} as for RL
+        only_sources source names to verify (paper: only OpenMathReasoning); empty = all
+        rollout      the verifier's rollout settings (budget, sampling, engine, tool)
         seed         int
 
     Args:
@@ -52,12 +53,13 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
         ValueError: enabled without a model; samples < 1 or min_matches outside 1..samples; no problem left.
     """
     t0 = time.time()
+    p = parse(LabelVerificationParams, params, "label_verification params")
     rows = read_jsonl(data_path)
     funnel = copy.deepcopy(read_json(funnel_path))
-    enabled = bool(params.get("enabled"))
+    enabled = p.enabled
     verified: list[dict] = []
     if enabled:
-        samples, min_matches = int(params["samples"]), int(params["min_matches"])
+        samples, min_matches = p.samples, p.min_matches
         if samples < 1 or not 1 <= min_matches <= samples:
             raise ValueError(f"label_verification: need samples >= 1 and 1 <= min_matches <= samples, "
                              f"got samples={samples}, min_matches={min_matches}")
@@ -66,9 +68,9 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
                 raise ValueError("label_verification: enabled but no verifier model folder was given")
             from .. import models
             model_and_tokenizer = models.load(model_dir)
-        verify = set(params.get("only_sources") or {r["source"] for r in rows})
+        verify = set(p.only_sources or {r["source"] for r in rows})
         targets = [r for r in rows if r["source"] in verify]
-        verified = count_matches(targets, model_and_tokenizer, params, samples)
+        verified = count_matches(targets, model_and_tokenizer, p)
         kept_ids = {v["id"] for v in verified if v["matches"] >= min_matches}
         dropped = [r for r in targets if r["id"] not in kept_ids]
         kept = [r for r in rows if r["source"] not in verify or r["id"] in kept_ids]
@@ -86,7 +88,7 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
     if enabled:
         write_jsonl(out / "verification.jsonl", verified)
     write_funnel(out, funnel)
-    write_manifest(out, stage="rl_data", params=params, started=t0,
+    write_manifest(out, stage="rl_data", params=to_dict(p), started=t0,
                    inputs=[data_path, funnel_path] + ([model_dir] if enabled and model_dir else []),
                    counts={"rows": len(kept), "verified": len(verified), "label_mismatch": len(dropped),
                            "label_verification": "done" if enabled else "skipped",
@@ -94,8 +96,8 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
                            "drops": funnel["drops"], "decontamination": funnel.get("decontamination", {})})
 
 
-def count_matches(rows: list[dict], model_and_tokenizer, params: dict, samples: int) -> list[dict]:
-    """Sample ``samples`` responses per problem and count those whose answer matches the label.
+def count_matches(rows: list[dict], model_and_tokenizer, p: LabelVerificationParams) -> list[dict]:
+    """Sample ``p.samples`` responses per problem and count those whose answer matches the label.
 
     Returns:
         One dict per row, in order: ``{"id", "source", "answer", "matches", "samples", "preds"}`` where
@@ -103,16 +105,14 @@ def count_matches(rows: list[dict], model_and_tokenizer, params: dict, samples: 
     """
     import torch
 
-    from ..rollout import Progress, run_rollouts
-    from .rl import rollout_config
+    from ..rollout import Progress, sample_groups
 
-    torch.manual_seed(int(params.get("seed", 0)))
+    torch.manual_seed(p.seed)
     model, tok = model_and_tokenizer
-    trajs = run_rollouts(model, tok, [r for r in rows for _ in range(samples)], rollout_config(params),
-                         progress=Progress("label_verification"))
+    samples = p.samples
+    groups = sample_groups(model, tok, rows, samples, p.rollout, progress=Progress("label_verification"))
     out = []
-    for i, r in enumerate(rows):
-        group = trajs[i * samples:(i + 1) * samples]
+    for r, group in zip(rows, groups):
         out.append({"id": r["id"], "source": r["source"], "answer": r["answer"],
                     "matches": int(sum(t.reward > 0 for t in group)), "samples": samples,
                     "preds": [t.pred for t in group]})

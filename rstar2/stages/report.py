@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 from ..io import atomic_path, atomic_write_text, write_manifest
+from ..params import to_dict
 from ..report import inputs as report_inputs
 from ..report import learning, plots, sections, trajectories
 from ..report.document import Doc, Figure, Heading, Para, to_html, to_markdown
+from .params import ReportParams, parse
 
 FIGURES = ("training_curves.png", "funnel.png", "eval.png", "learning_curve.png", "ablation.png")
 
@@ -32,22 +34,21 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     """Build the report.
 
     Args:
-        params: the ``report`` config section: ``dpi`` (default 120), ``title``, ``samples`` (trajectories shown
-            per evaluated model and per RL stage, default 2).
+        params: ``rstar2.stages.params.ReportParams`` or its JSON dict: ``dpi``, ``title``, ``samples``
+            (trajectories shown per evaluated model and per RL stage).
         inputs: ``{"rl_stages": {"stage1": dir, ...} (any subset), "eval": {model_name: dir},
             "rl_data": dir}``; any key may be missing, any directory may lack its files.
         out_dir: e.g. ``results/report``.
     """
     t0 = time.time()
-    params = dict(params or {})
-    dpi = int(params.get("dpi", 120))
+    p = parse(ReportParams, params, "report params")
+    dpi = p.dpi
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     got = report_inputs.load(dict(inputs or {}))
 
-    traj_blocks, shown = trajectories.section(got.eval_dirs, got.stage_dirs, int(params.get("samples", 2)),
-                                              got.notes)
-    title = params.get("title", "rStar2-Agent reproduction report")
+    traj_blocks, shown = trajectories.section(got.eval_dirs, got.stage_dirs, p.samples, got.notes)
+    title = p.title
     doc = Doc(title)
     doc.add(*sections.evaluation(got.evals), Heading("Evaluation figure", 3),
             Figure("eval.png", "avg@k per benchmark with 95% bootstrap CI, beside the paper's numbers"))
@@ -77,7 +78,7 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     atomic_write_text(out / "trajectories.md", to_markdown(traj_doc))
     atomic_write_text(out / "trajectories.html", to_html(traj_doc))
 
-    write_manifest(out, stage="report", params=params, inputs=got.read, counts={
+    write_manifest(out, stage="report", params=to_dict(p), inputs=got.read, counts={
         "rl_stages": len(got.stages),
         "rl_steps": {k: len(v) for k, v in got.stages.items()},
         "models": sum(1 for s in got.evals.values() if s),

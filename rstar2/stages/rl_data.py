@@ -18,54 +18,45 @@ import random
 import time
 from pathlib import Path
 
-from ..data.benchmarks import DEFAULT_BENCHMARKS, load_benchmark
+from ..data.benchmarks import load_benchmark
 from ..data.curate import curate, format_funnel, funnel_table
-from ..data.loaders import REPO_ROOT, resolve_path
+from ..data.loaders import WORKING_DIR, resolve_path
 from ..io import atomic_path, atomic_write_text, write_json, write_jsonl, write_manifest
+from ..params import to_dict
+from .params import RLDataParams, parse
 
 
 def run(params: dict, out_dir: str) -> None:
     """Build ``train.jsonl`` from the configured sources, decontaminated against the configured benchmarks.
 
-    params::
-
-        sources                list of load_source specs (required, non-empty)
-        benchmarks             {name: load_source spec}; default rstar2.data.benchmarks.DEFAULT_BENCHMARKS
-        decontaminate_against  benchmark names to decontaminate against; default: all of ``benchmarks``
-        ngram                  n-gram length for decontamination (default 8, the paper's)
-        boilerplate_min_problems  0 (default, the paper's rule) or N: n-grams in >= N candidates are not
-                               contamination (rstar2.data.curate)
-        near_dedupe            {"enabled", "threshold", "num_perm", "shingle_words"} (curate.NEAR_DEDUPE_DEFAULTS)
-        max_abs_answer         int, required: larger golds are dropped
-        limit                  optional int: keep at most this many rows, a seeded random sample
-        seed                   int (default 0): seeds the sample
-        base_dir               optional: where relative paths start (default: the repository root)
+    params: ``rstar2.stages.params.RLDataParams`` or its JSON dict: sources (load_source specs, non-empty),
+        benchmarks ({name: spec}, the ones decontaminated against), decontaminate_against, ngram,
+        boilerplate_min_problems, near_dedupe, max_abs_answer, limit (0 = all; else a seeded random sample), seed.
+        Relative paths start at the working directory (the folder snakemake runs in).
 
     Raises:
         ValueError: no sources, no max_abs_answer, an unknown benchmark name, or an empty result; anything
             load_source raises (missing files/fields), before anything is written.
     """
     t0 = time.time()
-    sources = params.get("sources") or []
+    p = parse(RLDataParams, params, "rl_data params")
+    sources = p.sources
     if not sources:
         raise ValueError("rl_data: params['sources'] is empty; nothing to curate")
-    if params.get("max_abs_answer") is None:
-        raise ValueError("rl_data: params['max_abs_answer'] is required")
-    base_dir = Path(params.get("base_dir") or REPO_ROOT)
-    bench_specs = _benchmark_specs(params)
+    base_dir = WORKING_DIR
+    bench_specs = _benchmark_specs(p)
 
     t = time.time()
     benchmarks = {name: load_benchmark(name, spec, base_dir) for name, spec in bench_specs.items()}
     _log(f"benchmarks {', '.join(f'{n}={len(r)}' for n, r in benchmarks.items())}", t)
 
-    rows, funnel = curate(sources, benchmarks, ngram=int(params.get("ngram", 8)),
-                          max_abs_answer=int(params["max_abs_answer"]), near_dedupe=params.get("near_dedupe"),
-                          boilerplate_min_problems=int(params.get("boilerplate_min_problems") or 0),
+    rows, funnel = curate(sources, benchmarks, ngram=p.ngram, max_abs_answer=p.max_abs_answer,
+                          near_dedupe=to_dict(p.near_dedupe), boilerplate_min_problems=p.boilerplate_min_problems,
                           base_dir=base_dir,
                           progress=lambda step, n, seconds: print(
                               f"[rl_data] {step:<15} {n:>7} rows  {seconds:6.2f}s", flush=True))
-    if params.get("limit"):  # 0 or null = keep every curated problem
-        rows = _sample(rows, int(params["limit"]), int(params.get("seed", 0)), funnel)
+    if p.limit:  # 0 = keep every curated problem
+        rows = _sample(rows, p.limit, p.seed, funnel)
     if not rows:
         raise ValueError(f"rl_data: no rows survived curation; funnel: {funnel['total']}")
 
@@ -77,7 +68,7 @@ def run(params: dict, out_dir: str) -> None:
 
     inputs = [resolve_path(s, base_dir) for s in sources] + \
              [resolve_path({"name": n, **s}, base_dir) for n, s in bench_specs.items()]
-    write_manifest(out, stage="rl_data", params=params, inputs=inputs, started=t0, counts={
+    write_manifest(out, stage="rl_data", params=to_dict(p), inputs=inputs, started=t0, counts={
         "rows": len(rows),
         "loaded": funnel["total"]["loaded"],
         "per_source": {src: steps[funnel["steps"][-1]] for src, steps in funnel["per_source"].items()},
@@ -98,11 +89,9 @@ def write_funnel(out: Path, funnel: dict) -> None:
     print(format_funnel(funnel), flush=True)
 
 
-def _benchmark_specs(params: dict) -> dict[str, dict]:
+def _benchmark_specs(p: RLDataParams) -> dict[str, dict]:
     """The benchmarks to decontaminate against: ``decontaminate_against`` picked from ``benchmarks``."""
-    available = params.get("benchmarks") or DEFAULT_BENCHMARKS
-    names = params.get("decontaminate_against")
-    names = list(available) if names is None else list(names)
+    available, names = p.benchmarks, list(p.decontaminate_against)
     unknown = [n for n in names if n not in available]
     if unknown:
         raise ValueError(f"rl_data: decontaminate_against names unknown benchmarks {unknown}; "

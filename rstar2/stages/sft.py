@@ -12,6 +12,12 @@ import time
 from pathlib import Path
 
 from ..io import append_jsonl, read_jsonl, write_json, write_manifest
+from ..params import merge_overrides, to_dict
+from .params import SFTParams, parse
+
+# SFTConfig fields the stage's own batching and saving depend on: not overridable through sft.trainer_overrides.
+PROTECTED_SFT_FIELDS = frozenset({"per_device_train_batch_size", "gradient_accumulation_steps", "output_dir",
+                                  "max_length", "packing", "save_strategy"})
 
 
 def tokenize_rows(tok, rows: list[dict], max_length: int) -> tuple[list[dict], list[str]]:
@@ -31,37 +37,42 @@ def tokenize_rows(tok, rows: list[dict], max_length: int) -> tuple[list[dict], l
     return kept, dropped
 
 
-def sft_config(params: dict, output_dir: str, num_processes: int = 1):
+def sft_config(p: SFTParams, output_dir: str, num_processes: int = 1):
     """TRL ``SFTConfig`` of the cold start (paper §5.1: 3 epochs, lr 5e-6, batch 128, cosine decay, 4% warm-up;
     AdamW, the Trainer's default optimizer). ``batch_size`` is the batch of one optimizer step:
-    per-device rows x ``grad_accum`` x ``num_processes``. Device and precision come from ``params["trainer"]``.
+    per-device rows x ``grad_accum`` x ``num_processes``. Device and precision come from ``p.trainer``;
+    ``p.trainer_overrides`` sets further SFTConfig fields.
     Raises:
-        ValueError: batch_size is not a positive multiple of grad_accum x num_processes.
+        ValueError: batch_size is not a positive multiple of grad_accum x num_processes; a bad override.
     """
     from trl import SFTConfig
 
+    p = parse(SFTParams, p, "sft params")
+
     from .. import distributed
 
-    accum = params.get("grad_accum", 1)
-    per_device, rest = divmod(params["batch_size"], accum * num_processes)
+    accum = p.grad_accum
+    per_device, rest = divmod(p.batch_size, accum * num_processes)
     if rest or not per_device:
-        raise ValueError(f"sft.batch_size={params['batch_size']} must be a multiple of sft.grad_accum ({accum}) "
+        raise ValueError(f"sft.batch_size={p.batch_size} must be a multiple of sft.grad_accum ({accum}) "
                          f"x training processes ({num_processes})")
-    return SFTConfig(
-        output_dir=output_dir, seed=params["seed"], **distributed.trainer_kwargs(params.get("trainer")),
-        num_train_epochs=params["epochs"], learning_rate=params["learning_rate"],
+    ours = dict(
+        output_dir=output_dir, seed=p.seed, **distributed.trainer_kwargs(to_dict(p.trainer)),
+        num_train_epochs=p.epochs, learning_rate=p.learning_rate,
         per_device_train_batch_size=per_device, gradient_accumulation_steps=accum,
-        lr_scheduler_type="cosine", warmup_steps=float(params.get("warmup_ratio", 0.04)), max_length=None,
+        # transformers 5 reads a warmup_steps below 1 as a fraction of the training steps
+        lr_scheduler_type="cosine", warmup_steps=float(p.warmup_ratio), max_length=None,
         logging_steps=1, save_strategy="no", report_to=[], packing=False,
     )
+    return SFTConfig(**merge_overrides(SFTConfig, ours, p.trainer_overrides, PROTECTED_SFT_FIELDS,
+                                       "sft.trainer_overrides"))
 
 
 def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     """Fine-tune the base model on the SFT conversations; writes ``model/``, ``metrics.jsonl``, ``manifest.json``.
 
-    params: epochs, learning_rate, batch_size (per optimizer step, over all processes and accumulation steps),
-        grad_accum, max_length, warmup_ratio, seed, limit, trainer (the ``distributed`` section: device, bf16,
-        gradient_checkpointing). Runs as one process, or as several under ``accelerate launch``.
+    params: ``rstar2.stages.params.SFTParams`` or its JSON dict (batch_size is per optimizer step, over all
+        processes and accumulation steps). Runs as one process, or as several under ``accelerate launch``.
     Raises:
         ValueError: no example fits in ``max_length`` (the message says how many were too long), or batch_size
             is not a multiple of grad_accum x processes.
@@ -73,26 +84,27 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     from .. import distributed, models
 
     t0 = time.time()
+    p = parse(SFTParams, params, "sft params")
     out = Path(out_dir)
-    ps = distributed.process_state(params.get("trainer"))
+    ps = distributed.process_state(to_dict(p.trainer))
     out.mkdir(parents=True, exist_ok=True)
     if ps.is_main_process:
         (out / "metrics.jsonl").unlink(missing_ok=True)
     ps.wait_for_everyone()
     # Trainer arguments before the model: under accelerate's DeepSpeed ZeRO-3 they make from_pretrained load
     # the weights already sharded, instead of one full copy per process.
-    args = sft_config(params, str(out / "trainer_scratch"), ps.num_processes)
+    args = sft_config(p, str(out / "trainer_scratch"), ps.num_processes)
     model, tok = models.load(model_dir)
     tok.padding_side = "right"
     rows = read_jsonl(data_path)
-    if params.get("limit"):
-        rows = rows[: params["limit"]]
-    examples, dropped = tokenize_rows(tok, rows, params["max_length"])
+    if p.limit:
+        rows = rows[: p.limit]
+    examples, dropped = tokenize_rows(tok, rows, p.max_length)
     if dropped and ps.is_main_process:
         print(f"[sft] dropped {len(dropped)} of {len(rows)} examples longer than max_length="
-              f"{params['max_length']}: {dropped[:10]}", flush=True)
+              f"{p.max_length}: {dropped[:10]}", flush=True)
     if not examples:
-        raise ValueError(f"{data_path}: all {len(rows)} examples exceed sft.max_length={params['max_length']}")
+        raise ValueError(f"{data_path}: all {len(rows)} examples exceed sft.max_length={p.max_length}")
 
     class _Log(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kw):
@@ -115,4 +127,4 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
               "trained_tokens": sum(sum(e["assistant_masks"]) for e in examples),
               "optimizer_steps": trainer.state.global_step}
     write_json(out / "dropped.json", dropped)
-    write_manifest(out, stage="sft", params=params, inputs=[model_dir, data_path], counts=counts, started=t0)
+    write_manifest(out, stage="sft", params=to_dict(p), inputs=[model_dir, data_path], counts=counts, started=t0)

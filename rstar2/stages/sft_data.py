@@ -653,6 +653,9 @@ def run(params: dict, out_dir: str) -> None:
     """Build ``train.jsonl`` and ``stats.json`` in ``out_dir``, then write the manifest (last)."""
     started = time.time()
     params = {**DEFAULT_PARAMS, **(params or {})}
+    tool = params.pop("tool", None)  # the config's tool section (the workflow passes it whole)
+    if tool:
+        params.update(tool_name=tool["name"], tool_timeout_s=tool["timeout_s"], max_tool_chars=tool["max_output_chars"])
     seed = int(params.get("seed", 0))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,15 @@
-# Config validation and the per-stage parameter sets. Each rule receives only its own section as
-# JSON in `params`, so editing one stage's settings reruns that stage and what depends on it, nothing else.
+# Config validation, the checks that must fail before any job runs, and each rule's parameters. Each rule
+# receives only its own stage's parameters as JSON (rstar2/stages/params.py builds them from the validated config),
+# so editing one stage's settings reruns that stage and what depends on it, nothing else.
 
 import json
 import os
 import sys
 
 from snakemake.utils import validate
+
+from rstar2.stages import params as stage_params
+from rstar2.workflow_checks import check_config, check_data_files, cached_check
 
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -14,10 +18,13 @@ validate(config, schema="../schemas/config.schema.yaml")
 # the `rstar2` CLI of its virtual environment is found even when the venv was not activated.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
+# How the sandbox runs (isolation, pool size, batching, service URL) does not change results, so it travels in
+# the environment, not in params: changing it reruns nothing. Read by `rstar2 <stage>` (rstar2/cli.py). Jobs on
+# other nodes that do not inherit it run the sandbox with its defaults.
+os.environ.update(RSTAR2_SANDBOX=json.dumps(config["sandbox"]))
+
 # RL stages run in order; a null stage ends the pipeline at the one before (configs/cpu-learning.yaml runs stage 1).
 RL_STAGES = [s for s in ("stage1", "stage2", "stage3") if config["rl"]["stages"].get(s)]
-if RL_STAGES != ["stage1", "stage2", "stage3"][: len(RL_STAGES)]:
-    raise ValueError(f"config: rl.stages must enable stage1, stage1-2 or stage1-3 in order; enabled: {RL_STAGES}")
 
 MODEL_DIRS = {
     "base": "results/base_model",
@@ -25,87 +32,15 @@ MODEL_DIRS = {
     **{f"rl_{s}": f"results/rl/{s}" for s in RL_STAGES},
 }
 
-
-def _check_benchmark_names():
-    known = set(config["benchmarks"])
-    heldout = config["rl"]["heldout"]["benchmark"]
-    if heldout is not None and heldout not in known:
-        raise ValueError(f"config: rl.heldout.benchmark names benchmark {heldout!r}, which is not defined under "
-                         f"'benchmarks' (defined: {sorted(known)})")
-    for m in config["evaluate"]["models"]:
-        if m not in MODEL_DIRS:
-            raise ValueError(f"config: evaluate.models names {m!r}, which this run does not train "
-                             f"(models: {sorted(MODEL_DIRS)}; rl.stages enables {RL_STAGES})")
-    for key in ("rl_data.decontaminate_against", "evaluate.benchmarks"):
-        section, field = key.split(".")
-        for name in config[section][field]:
-            if name not in known:
-                raise ValueError(
-                    f"config: {key} names benchmark {name!r}, which is not defined under "
-                    f"'benchmarks' (defined: {sorted(known)})"
-                )
+# Names, stage order, ablation shape: cheap checks of the config alone (rstar2/workflow_checks.py).
+ABLATION_RUNS = check_config(config, RL_STAGES, MODEL_DIRS)
+# Files: every local dataset must exist; the RL held-out benchmark must load and share no problem with the training
+# sources. Loading the sources is the slow part, so its result is cached by the files' size and mtime.
+cached_check(config, ".snakemake/rstar2_checks")
 
 
-_check_benchmark_names()
-
-
-def _check_heldout_benchmark():
-    """The RL held-out benchmark is read only when RL starts (after SFT); read it now so a bad file fails first."""
-    name = config["rl"]["heldout"]["benchmark"]
-    if name is None:
-        return
-    from rstar2.data.benchmarks import load_benchmark
-
-    try:
-        heldout = load_benchmark(name, config["benchmarks"][name])
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"config: rl.heldout.benchmark {name!r} cannot be loaded: {e}") from None
-    answer_type = config["benchmarks"][name].get("answer_type", "math")
-    if answer_type != "integer":
-        # RL rewards always use the integer grader; a lenient grader on the held-out set can count what the
-        # reward does not (an unevaluated expression boxed as the answer scores 1 under Math-Verify)
-        print(f"warning: rl.heldout.benchmark {name!r} is graded with answer_type {answer_type!r}, the RL reward "
-              f"with 'integer': set benchmarks.{name}.answer_type: integer to measure what RL trains for",
-              file=sys.stderr)
-    if name in config["rl_data"]["decontaminate_against"]:
-        return  # rl_data removes its problems (and near-copies) from the training data
-    from rstar2.data.loaders import load_source
-    from rstar2.rl.heldout import check_disjoint
-
-    for src in config["rl_data"]["sources"]:
-        try:
-            check_disjoint(heldout, load_source(src), name, f"rl_data source {src.get('name', src.get('path'))!r}")
-        except ValueError as e:
-            raise ValueError(f"config: {e}") from None
-
-
-_check_heldout_benchmark()
-
-
-def as_json(obj):
-    return json.dumps(obj, sort_keys=True)
-
-
-def base_model_params():
-    return as_json({**config["model"], "seed": config["seed"]})
-
-
-def sft_data_params():
-    return as_json({**config["sft_data"], "tool_name": config["tool"]["name"],
-                    "tool_timeout_s": config["tool"]["timeout_s"],
-                    "max_tool_chars": config["tool"]["max_output_chars"],
-                    "seed": config["seed"]})
-
-
-def _trainer():
-    # The training settings of the distributed section that can change results (device, precision, vLLM);
-    # the launcher and resources cannot, so they are not params and changing them reruns nothing.
-    d = config["distributed"]
-    return {"trainer": {k: d[k] for k in ("device", "bf16", "gradient_checkpointing", "vllm")}}
-
-
-def sft_params():
-    return as_json({**config["sft"], **_trainer(), "seed": config["seed"]})
+def to_json(p):
+    return stage_params.to_json(p)
 
 
 def launch(family):
@@ -120,39 +55,23 @@ def job_resources(family):
     return {**res["default"], **res.get(family, {})}
 
 
-def _local(paths):
-    # Local dataset files are inputs, so editing one reruns the stages that read it; hub ids are not files.
-    # A missing file fails here, at parse time: otherwise Snakemake may keep the outputs built from the old
-    # file and never schedule the stage that would report it.
-    local = [p for p in paths if p and not str(p).startswith("hub:")]
-    missing = [p for p in local if not os.path.exists(p)]
-    if missing:
-        raise ValueError(f"config: data file(s) not found (paths are relative to {os.getcwd()}): {missing}")
-    return local
-
-
+# Local dataset files are inputs, so editing one reruns the stages that read it; hub ids are not files.
 def rl_data_files():
-    return _local([s["path"] for s in config["rl_data"]["sources"]]
-                  + [config["benchmarks"][b]["path"] for b in config["rl_data"]["decontaminate_against"]])
+    return check_data_files([s["path"] for s in config["rl_data"]["sources"]]
+                            + [config["benchmarks"][b]["path"] for b in config["rl_data"]["decontaminate_against"]])
 
 
 def sft_data_files():
-    return _local([s.get("path") for s in config["sft_data"].values() if s and s.get("limit", 1) != 0])
+    return check_data_files([s.get("path") for s in config["sft_data"].values() if s and s.get("limit", 1) != 0])
 
 
 def benchmark_files():
-    return _local([config["benchmarks"][b]["path"] for b in config["evaluate"]["benchmarks"]])
+    return check_data_files([config["benchmarks"][b]["path"] for b in config["evaluate"]["benchmarks"]])
 
 
-def rl_data_params():
-    # only the benchmarks it decontaminates against: adding an evaluation benchmark must not rerun curation
-    rl = config["rl_data"]
-    return as_json({**rl, "benchmarks": {b: config["benchmarks"][b] for b in rl["decontaminate_against"]},
-                    "seed": config["seed"]})
-
-
-def verifier_model_params():
-    return as_json({**(config["label_verification"]["model"] or {}), "seed": config["seed"]})
+def heldout_files():
+    b = config["rl"]["heldout"]["benchmark"]
+    return check_data_files([config["benchmarks"][b]["path"]]) if b else []
 
 
 def _verifier_dir():
@@ -163,88 +82,34 @@ def _verifier_dir():
     return "results/verifier_model" if lv["model"] else "results/base_model"
 
 
-def verifier_inputs():
-    return [f"{_verifier_dir()}/manifest.json"] if _verifier_dir() else []
+def verifier_model_input():
+    return {"model": f"{_verifier_dir()}/model"} if _verifier_dir() else {}
 
 
-def verifier_model_arg():
-    return f"--model {_verifier_dir()}/model" if _verifier_dir() else ""
+def verifier_model_arg(wildcards, input):
+    return f"--model {input.model}" if _verifier_dir() else ""
 
 
-def label_verification_params():
-    lv = config["label_verification"]
-    return as_json({"enabled": lv["enabled"], "samples": lv["samples"], "min_matches": lv["min_matches"],
-                    "only_sources": lv["only_sources"], **_tools(),
-                    "rollout": _rollout(lv, lv["temperature"], lv["top_p"], lv["batch_size"]),
-                    "seed": config["seed"]})
+# ---- the RL rule: results/rl/stageN (the three stages) and results/ablation/MODE-seedS (the ablation) ----
+
+RL_RUNS = {f"rl/{s}": ("stage", s) for s in RL_STAGES}
+RL_RUNS.update({f"ablation/{m}-seed{s}": ("ablation", (m, s)) for (m, s) in ABLATION_RUNS})
 
 
-def _tools():
-    # The tool's wire settings, for every stage that rolls out. How the sandbox runs (isolation, pool size,
-    # batching, service URL) does not change results, so it travels in the environment, not in params:
-    # changing it reruns nothing (see RSTAR2_SANDBOX below).
-    return {"tool": config["tool"]}
+def rl_run_params(wildcards):
+    kind, what = RL_RUNS[wildcards.run]
+    p = stage_params.rl(config, what) if kind == "stage" else stage_params.rl(config, "stage1", what)
+    return to_json(p)
 
 
-# Set by the workflow itself, not required from the user, hence no `envvars:` declaration. Jobs on other nodes
-# (cluster executors) that do not inherit it run the sandbox with its defaults.
-os.environ.update(RSTAR2_SANDBOX=json.dumps(config["sandbox"]))  # read by `rstar2 <stage>` (rstar2/cli.py)
-
-
-def _rollout(section, temperature, top_p, batch_size):
-    return {"max_response_tokens": section["max_response_tokens"], "max_turns": section["max_turns"],
-            "temperature": temperature, "top_p": top_p, "batch_size": batch_size, **config.get("rollout", {})}
-
-
-def rl_params(stage, ablation=None):
-    """One RL stage's params; `ablation` = (mode, seed) gives an ablation run of stage 1: that mode and seed,
-    and the ablation's own steps and held-out settings where set."""
-    rl, ab = config["rl"], config["ablation"]
-    st = rl["stages"][stage]
-    shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size", "heldout")}
-    ho = dict(rl["heldout"])
-    mode, seed, steps = rl["mode"], config["seed"], st["steps"]
-    if ablation:
-        mode, seed, steps = ablation[0], int(ablation[1]), ab["steps"] or steps
-        ho.update({k: ab[f"heldout_{k}"] for k in ("every", "limit") if ab[f"heldout_{k}"] is not None})
-    heldout = {**ho, "spec": config["benchmarks"][ho["benchmark"]]} if ho["benchmark"] else None
-    return as_json({**shared, "mode": mode, "name": f"rl_{stage}", "steps": steps,
-                    **_tools(), **_trainer(), "heldout": heldout,
-                    "rollout": _rollout(st, rl["temperature"], rl["top_p"], rl["batch_size"]),
-                    "seed": seed})
-
-
-def heldout_files():
-    b = config["rl"]["heldout"]["benchmark"]
-    return _local([config["benchmarks"][b]["path"]]) if b else []
-
-
-def ablation_runs():
-    """{(mode, seed): run folder} of the ablation (every mode with every seed)."""
-    ab = config["ablation"]
-    if bool(ab["modes"]) != bool(ab["seeds"]):
-        raise ValueError(f"config: ablation needs both modes and seeds (got modes {ab['modes']}, seeds {ab['seeds']}); "
-                         "with one of them empty no run would be planned")
-    return {(m, s): f"results/ablation/{m}-seed{s}" for m in ab["modes"] for s in ab["seeds"]}
-
-
-def hard_problems_params():
-    hp, rl = config["hard_problems"], config["rl"]
-    return as_json({"k": hp["k"], "subset_size": hp["subset_size"], **_tools(),
-                    "rollout": _rollout(hp, rl["temperature"], rl["top_p"], rl["batch_size"]),
-                    "seed": config["seed"]})
-
-
-def evaluate_params():
-    ev = config["evaluate"]
-    return as_json({"benchmarks": {b: config["benchmarks"][b] for b in ev["benchmarks"]},
-                    "limit": ev["limit"], "k": ev["k"], **_tools(),
-                    "rollout": _rollout(ev, ev["temperature"], ev["top_p"], ev["batch_size"]),
-                    "seed": config["seed"]})
-
-
-def model_manifest(wildcards):
-    return f"{MODEL_DIRS[wildcards.model]}/manifest.json"
+def rl_run_input(wildcards):
+    """Model and data of one RL run: stage 1 and the ablation start from the SFT model on the curated data, stage 2
+    from stage 1, stage 3 from stage 2 on the mined hard problems (paper §4.3)."""
+    kind, what = RL_RUNS[wildcards.run]
+    stage = what if kind == "stage" else "stage1"
+    previous = {"stage1": "results/sft", "stage2": "results/rl/stage1", "stage3": "results/rl/stage2"}[stage]
+    data = "results/hard_problems/hard.jsonl" if stage == "stage3" else "results/rl_data/train.jsonl"
+    return {"model": f"{previous}/model", "data": data, "heldout": heldout_files()}
 
 
 def model_dir(wildcards):
@@ -254,21 +119,19 @@ def model_dir(wildcards):
 def report_inputs():
     stages = {s: f"results/rl/{s}" for s in RL_STAGES}
     evals = {m: f"results/eval/{m}" for m in config["evaluate"]["models"]}
-    ablation = [{"mode": m, "seed": s, "dir": d} for (m, s), d in ablation_runs().items()]
+    ablation = [{"mode": m, "seed": s, "dir": f"results/ablation/{m}-seed{s}"} for (m, s) in ABLATION_RUNS]
     # not sorted: the report lists models in the configured order
     return json.dumps({"rl_stages": stages, "eval": evals, "rl_data": "results/rl_data", "ablation": ablation})
 
 
 def report_manifests():
     return ([f"results/eval/{m}/manifest.json" for m in config["evaluate"]["models"]]
-            + [f"results/rl/{s}/manifest.json" for s in RL_STAGES]
-            + [f"{d}/manifest.json" for d in ablation_runs().values()] + ["results/rl_data/manifest.json"])
+            + [f"results/{run}/manifest.json" for run in RL_RUNS] + ["results/rl_data/manifest.json"])
 
 
 def all_manifests():
-    stages = ["base_model", "sft_data", "sft", "rl_candidates", "rl_data", *[f"rl/{s}" for s in RL_STAGES],
+    stages = ["base_model", "sft_data", "sft", "rl_candidates", "rl_data", *RL_RUNS,
               *(["hard_problems"] if "stage3" in RL_STAGES else []), "report"]
     evals = [f"eval/{m}" for m in config["evaluate"]["models"]]
     verifier = ["verifier_model"] if _verifier_dir() == "results/verifier_model" else []
-    ablation = [f"{d}/manifest.json" for d in ablation_runs().values()]
-    return [f"results/{s}/manifest.json" for s in stages + verifier + evals] + ablation
+    return [f"results/{s}/manifest.json" for s in stages + verifier + evals]

@@ -6,13 +6,17 @@ rule rl_candidates:
     input:
         rl_data_files(),
     output:
-        "results/rl_candidates/manifest.json",
+        data="results/rl_candidates/train.jsonl",
+        funnel="results/rl_candidates/funnel.json",
+        manifest="results/rl_candidates/manifest.json",
     params:
-        p=rl_data_params(),
+        p=to_json(stage_params.rl_data(config)),
     conda:
-        "../../envs/rstar2.yaml"
+        "../../envs/data.yaml"
     log:
         "logs/rl_candidates.log",
+    benchmark:
+        "logs/benchmarks/rl_candidates.tsv"
     priority: 10  # cheap and most likely to reveal a bad custom dataset: run it first
     threads: 1
     resources:
@@ -24,13 +28,16 @@ rule rl_candidates:
 # Only scheduled when label_verification is enabled with its own model (paper: Qwen3-32B).
 rule verifier_model:
     output:
-        "results/verifier_model/manifest.json",
+        model=directory("results/verifier_model/model"),
+        manifest="results/verifier_model/manifest.json",
     params:
-        p=verifier_model_params(),
+        p=lambda wildcards: to_json(stage_params.base_model(config, "label_verification.model")),
     conda:
-        "../../envs/rstar2.yaml"
+        "../../envs/train.yaml"
     log:
         "logs/verifier_model.log",
+    benchmark:
+        "logs/benchmarks/verifier_model.tsv"
     threads: 2
     resources:
         **job_resources("default"),
@@ -42,26 +49,28 @@ rule verifier_model:
 # the step as "skipped" in the funnel.
 rule rl_data:
     input:
-        "results/rl_candidates/manifest.json",
-        verifier_inputs(),
+        unpack(lambda wildcards: verifier_model_input()),
+        data="results/rl_candidates/train.jsonl",
+        funnel="results/rl_candidates/funnel.json",
     output:
-        "results/rl_data/manifest.json",
-        report("results/rl_data/funnel.png", caption="../report/funnel.rst", category="Data"),
+        data="results/rl_data/train.jsonl",
+        manifest="results/rl_data/manifest.json",
+        funnel_plot=report("results/rl_data/funnel.png", caption="../report/funnel.rst", category="Data"),
     params:
-        p=label_verification_params(),
-        model=verifier_model_arg(),
+        p=to_json(stage_params.label_verification(config)),
+        model=verifier_model_arg,
     conda:
-        "../../envs/rstar2.yaml"
+        "../../envs/train.yaml"
     log:
         "logs/rl_data.log",
     benchmark:
-        "benchmarks/rl_data.tsv"
+        "logs/benchmarks/rl_data.tsv"
     threads: 2
     resources:
         **job_resources("generate"),
     shell:
-        "rstar2 label-verification --params {params.p:q} --data results/rl_candidates/train.jsonl"
-        " --funnel results/rl_candidates/funnel.json {params.model} --out results/rl_data 2>&1 | tee {log}"
+        "rstar2 label-verification --params {params.p:q} --data {input.data} --funnel {input.funnel}"
+        " {params.model} --out results/rl_data 2>&1 | tee {log}"
 
 
 # Mining feeds stage 3 only.
@@ -69,21 +78,22 @@ if "stage3" in RL_STAGES:
 
     rule hard_problems:
         input:
-            "results/rl/stage2/manifest.json",
-            "results/rl_data/manifest.json",
+            model="results/rl/stage2/model",
+            data="results/rl_data/train.jsonl",
         output:
-            "results/hard_problems/manifest.json",
+            data="results/hard_problems/hard.jsonl",
+            manifest="results/hard_problems/manifest.json",
         params:
-            p=hard_problems_params(),
+            p=to_json(stage_params.hard_problems(config)),
         conda:
-            "../../envs/rstar2.yaml"
+            "../../envs/train.yaml"
         log:
             "logs/hard_problems.log",
         benchmark:
-            "benchmarks/hard_problems.tsv"
+            "logs/benchmarks/hard_problems.tsv"
         threads: 2
         resources:
             **job_resources("generate"),
         shell:
-            "rstar2 hard-problems --params {params.p:q} --model results/rl/stage2/model"
-            " --data results/rl_data/train.jsonl --out results/hard_problems 2>&1 | tee {log}"
+            "rstar2 hard-problems --params {params.p:q} --model {input.model} --data {input.data}"
+            " --out results/hard_problems 2>&1 | tee {log}"

@@ -7,24 +7,23 @@ wildcard_constraints:
 
 rule evaluate:
     input:
-        model_manifest,
-        benchmark_files(),
+        model=model_dir,
+        benchmarks=benchmark_files(),
     output:
         "results/eval/{model}/manifest.json",
     params:
-        p=evaluate_params(),
-        model_dir=model_dir,
+        p=to_json(stage_params.evaluate(config)),
     conda:
-        "../../envs/rstar2.yaml"
+        "../../envs/train.yaml"
     log:
         "logs/evaluate_{model}.log",
     benchmark:
-        "benchmarks/evaluate_{model}.tsv"
+        "logs/benchmarks/evaluate_{model}.tsv"
     threads: 2
     resources:
         **job_resources("generate"),
     shell:
-        "rstar2 evaluate --params {params.p:q} --name {wildcards.model} --model {params.model_dir}"
+        "rstar2 evaluate --params {params.p:q} --name {wildcards.model} --model {input.model}"
         " --out results/eval/{wildcards.model} 2>&1 | tee {log}"
 
 
@@ -55,12 +54,14 @@ rule report:
         "results/report/summary.md",
         "results/report/trajectories.md",
     params:
-        p=as_json(config["report"]),
+        p=to_json(stage_params.report(config)),
         inputs=report_inputs(),
     conda:
-        "../../envs/rstar2.yaml"
+        "../../envs/data.yaml"
     log:
         "logs/report.log",
+    benchmark:
+        "logs/benchmarks/report.tsv"
     threads: 1
     resources:
         **job_resources("default"),

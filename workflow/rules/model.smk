@@ -3,13 +3,16 @@
 
 rule base_model:
     output:
-        "results/base_model/manifest.json",
+        model=directory("results/base_model/model"),
+        manifest="results/base_model/manifest.json",
     params:
-        p=base_model_params(),
+        p=to_json(stage_params.base_model(config)),
     conda:
-        "../../envs/rstar2.yaml"
+        "../../envs/train.yaml"
     log:
         "logs/base_model.log",
+    benchmark:
+        "logs/benchmarks/base_model.tsv"
     threads: 2
     resources:
         **job_resources("default"),
@@ -21,13 +24,16 @@ rule sft_data:
     input:
         sft_data_files(),
     output:
-        "results/sft_data/manifest.json",
+        data="results/sft_data/train.jsonl",
+        manifest="results/sft_data/manifest.json",
     params:
-        p=sft_data_params(),
+        p=to_json(stage_params.sft_data(config)),
     conda:
-        "../../envs/rstar2.yaml"
+        "../../envs/data.yaml"
     log:
         "logs/sft_data.log",
+    benchmark:
+        "logs/benchmarks/sft_data.tsv"
     priority: 10
     threads: 2
     resources:
@@ -38,21 +44,22 @@ rule sft_data:
 
 rule sft:
     input:
-        "results/base_model/manifest.json",
-        "results/sft_data/manifest.json",
+        model="results/base_model/model",
+        data="results/sft_data/train.jsonl",
     output:
-        "results/sft/manifest.json",
+        model=directory("results/sft/model"),
+        manifest="results/sft/manifest.json",
     params:
-        p=sft_params(),
+        p=to_json(stage_params.sft(config)),
     conda:
-        "../../envs/rstar2.yaml"
+        "../../envs/train.yaml"
     log:
         "logs/sft.log",
     benchmark:
-        "benchmarks/sft.tsv"
+        "logs/benchmarks/sft.tsv"
     threads: 2
     resources:
         **job_resources("sft"),
     shell:
-        launch("sft") + " sft --params {params.p:q} --model results/base_model/model"
-        " --data results/sft_data/train.jsonl --out results/sft 2>&1 | tee {log}"
+        launch("sft") + " sft --params {params.p:q} --model {input.model} --data {input.data}"
+        " --out results/sft 2>&1 | tee {log}"

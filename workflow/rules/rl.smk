@@ -1,107 +1,32 @@
-# Multi-stage RL with GRPO-RoC (paper §2.2, §4.3): each stage starts from the previous stage's model.
-# Step-level resume: each stage checkpoints every rl.checkpoint_every steps into results/rl/checkpoints/stageN,
-# which is deliberately not a declared output (Snakemake deletes declared outputs before rerunning a rule, so
-# the checkpoints would be lost). A killed stage resumes from its last checkpoint when the same inputs and
+# Multi-stage RL with GRPO-RoC (paper §2.2, §4.3) and the GRPO / GRPO-RoC ablation (paper §5.3, Fig. 4 and 9), one
+# rule for every run: `run` is rl/stage1, rl/stage2, rl/stage3 (each stage starts from the previous stage's model;
+# stage 3 trains on the mined hard problems) or ablation/MODE-seedS (stage 1 again from the same SFT model for every
+# (mode, seed) pair of `ablation:`, all with one budget). rl_run_input / rl_run_params in common.smk say which.
+# Step-level resume: each run checkpoints every rl.checkpoint_every steps into results/rl/checkpoints/<stage or
+# ablation run>, which is deliberately not a declared output (Snakemake deletes declared outputs before rerunning a
+# rule, so the checkpoints would be lost). A killed run resumes from its last checkpoint when the same inputs and
 # params come back; the stage deletes its checkpoints after writing its manifest (rstar2/rl/checkpoints.py).
 
 
-rule rl_stage1:
+rule rl:
     input:
-        "results/sft/manifest.json",
-        "results/rl_data/manifest.json",
-        heldout_files(),
+        unpack(rl_run_input),
     output:
-        "results/rl/stage1/manifest.json",
-    params:
-        p=rl_params("stage1"),
-    conda:
-        "../../envs/rstar2.yaml"
-    log:
-        "logs/rl_stage1.log",
-    benchmark:
-        "benchmarks/rl_stage1.tsv"
-    threads: 2
-    resources:
-        **job_resources("rl"),
-    shell:
-        launch("rl") + " rl --params {params.p:q} --model results/sft/model"
-        " --data results/rl_data/train.jsonl --out results/rl/stage1 2>&1 | tee {log}"
-
-
-if "stage2" in RL_STAGES:
-
-    rule rl_stage2:
-        input:
-            "results/rl/stage1/manifest.json",
-            "results/rl_data/manifest.json",
-            heldout_files(),
-        output:
-            "results/rl/stage2/manifest.json",
-        params:
-            p=rl_params("stage2"),
-        conda:
-            "../../envs/rstar2.yaml"
-        log:
-            "logs/rl_stage2.log",
-        benchmark:
-            "benchmarks/rl_stage2.tsv"
-        threads: 2
-        resources:
-            **job_resources("rl"),
-        shell:
-            launch("rl") + " rl --params {params.p:q} --model results/rl/stage1/model"
-            " --data results/rl_data/train.jsonl --out results/rl/stage2 2>&1 | tee {log}"
-
-
-if "stage3" in RL_STAGES:
-
-    rule rl_stage3:
-        input:
-            "results/rl/stage2/manifest.json",
-            "results/hard_problems/manifest.json",
-            heldout_files(),
-        output:
-            "results/rl/stage3/manifest.json",
-        params:
-            p=rl_params("stage3"),
-        conda:
-            "../../envs/rstar2.yaml"
-        log:
-            "logs/rl_stage3.log",
-        benchmark:
-            "benchmarks/rl_stage3.tsv"
-        threads: 2
-        resources:
-            **job_resources("rl"),
-        shell:
-            launch("rl") + " rl --params {params.p:q} --model results/rl/stage2/model"
-            " --data results/hard_problems/hard.jsonl --out results/rl/stage3 2>&1 | tee {log}"
-
-
-# The GRPO / GRPO-RoC ablation (paper §5.3, Fig. 4 and 9): stage 1 again from the same SFT model for every
-# (mode, seed) pair of `ablation:`, all with the same budget (ablation.steps, held-out settings).
-rule rl_ablation:
-    input:
-        "results/sft/manifest.json",
-        "results/rl_data/manifest.json",
-        heldout_files(),
-    output:
-        "results/ablation/{mode}-seed{seed}/manifest.json",
+        model=directory("results/{run}/model"),
+        manifest="results/{run}/manifest.json",
     wildcard_constraints:
-        mode="grpo_roc|grpo",
-        seed=r"\d+",
+        run=r"rl/stage[123]|ablation/(grpo_roc|grpo)-seed\d+",
     params:
-        p=lambda wc: rl_params("stage1", (wc.mode, wc.seed)),
+        p=rl_run_params,
     conda:
-        "../../envs/rstar2.yaml"
+        "../../envs/train.yaml"
     log:
-        "logs/rl_ablation_{mode}-seed{seed}.log",
+        "logs/{run}.log",
     benchmark:
-        "benchmarks/rl_ablation_{mode}-seed{seed}.tsv"
+        "logs/benchmarks/{run}.tsv"
     threads: 2
     resources:
         **job_resources("rl"),
     shell:
-        launch("rl") + " rl --params {params.p:q} --model results/sft/model"
-        " --data results/rl_data/train.jsonl --out results/ablation/{wildcards.mode}-seed{wildcards.seed}"
-        " 2>&1 | tee {log}"
+        launch("rl") + " rl --params {params.p:q} --model {input.model} --data {input.data}"
+        " --out results/{wildcards.run} 2>&1 | tee {log}"

@@ -1,0 +1,269 @@
+"""Each stage's parameters: one dataclass per stage, built from the validated config (issue 18).
+
+The workflow (``workflow/rules/common.smk``) validates the config against ``workflow/schemas/config.schema.yaml``,
+which fills every default, then calls the builders below; each rule passes its stage ``to_json(builder(config))``
+and the stage ``parse``s it back (``rstar2.params.parse``: a missing or unknown key is an error). No field here has a
+default: the schema is the only place defaults live, and a setting has one spelling, the config's.
+
+Only settings that can change a stage's results are parameters, so that editing one reruns what it affects and
+nothing else (Snakemake's params trigger); how the sandbox runs and where jobs run travel elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+
+from ..params import parse, to_dict
+from ..rollout import RolloutConfig, ToolConfig
+
+__all__ = ["BaseModelParams", "EvaluateParams", "HardProblemsParams", "HeldoutParams", "LabelVerificationParams",
+           "NearDedupeParams", "RLDataParams", "RLParams", "ReportParams", "SFTParams", "TinyModelParams",
+           "TrainerParams", "VLLMParams", "parse", "to_json"]
+
+
+@dataclass(frozen=True)
+class TinyModelParams:
+    """``model.tiny``: a random Qwen3-architecture model of this size (tests)."""
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+
+
+@dataclass(frozen=True)
+class BaseModelParams:
+    """``model``: where the base model comes from (``rstar2.models.materialise``)."""
+    source: str
+    path: str | None
+    hub_id: str | None
+    tiny: TinyModelParams
+    seed: int
+
+
+@dataclass(frozen=True)
+class VLLMParams:
+    """``distributed.vllm``: TRL's vLLM in the RL stages."""
+    gpu_memory_utilization: float
+    enable_sleep_mode: bool
+    max_model_length: int | None
+    server_timeout_s: float
+
+
+@dataclass(frozen=True)
+class TrainerParams:
+    """The training settings of ``distributed`` that can change results (``rstar2.distributed``)."""
+    device: str
+    bf16: bool
+    gradient_checkpointing: bool
+    vllm: VLLMParams
+
+
+@dataclass(frozen=True)
+class SFTParams:
+    """``sft``: the non-reasoning cold start (paper §4.1). ``trainer_overrides``: further TRL ``SFTConfig`` fields."""
+    epochs: float
+    learning_rate: float
+    batch_size: int
+    grad_accum: int
+    max_length: int
+    warmup_ratio: float
+    limit: int
+    trainer_overrides: dict
+    trainer: TrainerParams
+    seed: int
+
+
+@dataclass(frozen=True)
+class NearDedupeParams:
+    """``rl_data.near_dedupe``: MinHash LSH over word shingles, confirmed by exact Jaccard similarity."""
+    enabled: bool
+    threshold: float
+    num_perm: int
+    shingle_words: int
+
+
+@dataclass(frozen=True)
+class RLDataParams:
+    """``rl_data``: the curation funnel (paper §4.2); ``benchmarks`` are the specs decontaminated against."""
+    sources: list
+    decontaminate_against: list
+    ngram: int
+    max_abs_answer: int
+    limit: int
+    near_dedupe: NearDedupeParams
+    boilerplate_min_problems: int
+    benchmarks: dict
+    seed: int
+
+
+@dataclass(frozen=True)
+class LabelVerificationParams:
+    """``label_verification`` (paper §4.2): a verifier samples ``samples`` answers; keep if >= ``min_matches``."""
+    enabled: bool
+    samples: int
+    min_matches: int
+    only_sources: list
+    rollout: RolloutConfig
+    seed: int
+
+
+@dataclass(frozen=True)
+class HeldoutParams:
+    """``rl.heldout``: the held-out evaluation inside an RL stage (``rstar2.rl.heldout``)."""
+    benchmark: str
+    spec: dict
+    every: int
+    limit: int
+    k: int
+    rollout: RolloutConfig
+
+
+@dataclass(frozen=True)
+class RLParams:
+    """One RL stage (paper §2.2, §4.3): GRPO-RoC settings, the stage's rollout budget, trainer, held-out eval.
+
+    ``name`` is the stage (``rl_stage1``; ablation runs are stage 1 too); ``seed`` is the run's seed, and
+    ``data_seed`` orders its prompts (derived from seed and name: stage 2 does not replay stage 1's order, while
+    every ablation run with one seed sees the same prompts whatever its mode).
+    """
+    name: str
+    mode: str
+    steps: int
+    positive_selection: str
+    error_penalty: str
+    format_penalty: str
+    penalty_eps: float
+    checkpoint_every: int
+    group_size: int
+    oversample: int
+    prompts_per_step: int
+    learning_rate: float
+    warmup_steps: int
+    clip_low: float
+    clip_high: float
+    trainer_overrides: dict
+    rollout: RolloutConfig
+    trainer: TrainerParams
+    heldout: HeldoutParams | None
+    seed: int
+
+    @property
+    def data_seed(self) -> int:
+        return self.seed + zlib.crc32(self.name.encode()) % 10_000
+
+
+@dataclass(frozen=True)
+class HardProblemsParams:
+    """``hard_problems`` (paper §4.3): k rollouts per problem with the stage-2 policy; keep those not solved k/k."""
+    k: int
+    subset_size: int
+    rollout: RolloutConfig
+    seed: int
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    """``evaluate`` (paper §5.1): k samples per problem of the first ``limit`` problems of each benchmark."""
+    benchmarks: dict
+    limit: int
+    k: int
+    rollout: RolloutConfig
+    seed: int
+
+
+@dataclass(frozen=True)
+class ReportParams:
+    """``report``: title, figure resolution, sample trajectories per model and stage."""
+    title: str
+    dpi: int
+    samples: int
+
+
+def to_json(params) -> str:
+    """The JSON a rule passes its stage (keys sorted, so equal params give equal strings)."""
+    return json.dumps(to_dict(params) if not isinstance(params, dict) else params, sort_keys=True)
+
+
+# ---- builders: validated config -> each rule's parameters ----
+
+def _rollout(config: dict, budget: dict, temperature: float, top_p: float, batch_size: int) -> RolloutConfig:
+    """A stage's rollout settings: its token and turn budget, its sampling, the shared engine section, the tool."""
+    return RolloutConfig(max_response_tokens=budget["max_response_tokens"], max_turns=budget["max_turns"],
+                         temperature=temperature, top_p=top_p, batch_size=batch_size, **config["rollout"],
+                         tool=ToolConfig(**config["tool"]))
+
+
+def _trainer(config: dict) -> TrainerParams:
+    d = config["distributed"]
+    return parse(TrainerParams, {k: d[k] for k in ("device", "bf16", "gradient_checkpointing", "vllm")},
+                 "distributed")
+
+
+def base_model(config: dict, section: str = "model") -> BaseModelParams:
+    """The ``base_model`` rule's params (``section`` "model"), or the verifier model's."""
+    spec = config[section] if section == "model" else config["label_verification"]["model"]
+    return parse(BaseModelParams, {**spec, "seed": config["seed"]}, section)
+
+
+def sft_data(config: dict) -> dict:
+    """The ``sft_data`` rule's params: the sources and the tool they are rendered for."""
+    return {**config["sft_data"], "tool": config["tool"], "seed": config["seed"]}
+
+
+def sft(config: dict) -> SFTParams:
+    return parse(SFTParams, {**config["sft"], "trainer": _trainer(config), "seed": config["seed"]}, "sft")
+
+
+def rl_data(config: dict) -> RLDataParams:
+    """Only the benchmarks curation decontaminates against: adding an evaluation benchmark must not rerun it."""
+    rl = config["rl_data"]
+    return parse(RLDataParams, {**rl, "benchmarks": {b: config["benchmarks"][b] for b in rl["decontaminate_against"]},
+                                "seed": config["seed"]}, "rl_data")
+
+
+def label_verification(config: dict) -> LabelVerificationParams:
+    lv = config["label_verification"]
+    return LabelVerificationParams(
+        enabled=lv["enabled"], samples=lv["samples"], min_matches=lv["min_matches"], only_sources=lv["only_sources"],
+        rollout=_rollout(config, lv, lv["temperature"], lv["top_p"], lv["batch_size"]), seed=config["seed"])
+
+
+def rl(config: dict, stage: str, ablation: tuple[str, int] | None = None) -> RLParams:
+    """One RL stage's params; ``ablation`` = (mode, seed) gives an ablation run of stage 1: that mode and seed,
+    and the ablation's own steps and held-out settings where set."""
+    rl, ab = config["rl"], config["ablation"]
+    st = rl["stages"][stage]
+    ho = dict(rl["heldout"])
+    mode, seed, steps, name = rl["mode"], config["seed"], st["steps"], f"rl_{stage}"
+    if ablation:
+        # name stays rl_stage1: the data order derives from (seed, name), so both modes see the same prompts
+        mode, seed, steps = ablation[0], int(ablation[1]), ab["steps"] or steps
+        ho.update({k: ab[f"heldout_{k}"] for k in ("every", "limit") if ab[f"heldout_{k}"] is not None})
+    heldout = None
+    if ho["benchmark"]:
+        heldout = HeldoutParams(benchmark=ho["benchmark"], spec=config["benchmarks"][ho["benchmark"]],
+                                every=ho["every"], limit=ho["limit"], k=ho["k"],
+                                rollout=_rollout(config, st, ho["temperature"], ho["top_p"], ho["batch_size"]))
+    shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size", "heldout", "mode")}
+    return parse(RLParams, {**shared, "name": name, "mode": mode, "steps": steps, "heldout": heldout,
+                            "rollout": _rollout(config, st, rl["temperature"], rl["top_p"], rl["batch_size"]),
+                            "trainer": _trainer(config), "seed": seed}, f"rl.stages.{stage}")
+
+
+def hard_problems(config: dict) -> HardProblemsParams:
+    hp, rl = config["hard_problems"], config["rl"]
+    return HardProblemsParams(k=hp["k"], subset_size=hp["subset_size"],
+                              rollout=_rollout(config, hp, rl["temperature"], rl["top_p"], rl["batch_size"]),
+                              seed=config["seed"])
+
+
+def evaluate(config: dict) -> EvaluateParams:
+    ev = config["evaluate"]
+    return EvaluateParams(benchmarks={b: config["benchmarks"][b] for b in ev["benchmarks"]}, limit=ev["limit"],
+                          k=ev["k"], rollout=_rollout(config, ev, ev["temperature"], ev["top_p"], ev["batch_size"]),
+                          seed=config["seed"])
+
+
+def report(config: dict) -> ReportParams:
+    return parse(ReportParams, config["report"], "report")

@@ -1,0 +1,137 @@
+"""Checks the workflow runs when it parses the config, so that a bad setting fails before any job starts.
+
+Called from ``workflow/rules/common.smk`` after schema validation (top layer, beside ``cli.py``):
+
+- ``check_config``: names that must exist (benchmarks, evaluated models), the order of the RL stages, the shape
+  of the ablation; the config alone, no files read.
+- ``check_data_files``: every local dataset path exists (hub ids are not files).
+- ``cached_check``: the RL held-out benchmark loads and shares no problem with any training source. Loading every
+  source costs seconds (pandas, a 17K-row parquet) on every ``snakemake -n``, so a passed check is remembered
+  under a key made of the config it read and the size and mtime of each file; a changed file checks again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[tuple[str, int]]:
+    """Validate names and structure of an already schema-validated config.
+
+    Returns:
+        The ablation runs ``[(mode, seed), ...]`` (every mode with every seed; empty without an ablation).
+    Raises:
+        ValueError: RL stages enabled out of order, an evaluated model this run does not train, a benchmark name
+            that is not defined, or an ablation with modes but no seeds (or the reverse).
+    """
+    if rl_stages != ["stage1", "stage2", "stage3"][: len(rl_stages)]:
+        raise ValueError(f"config: rl.stages must enable stage1, stage1-2 or stage1-3 in order; enabled: {rl_stages}")
+    known = set(config["benchmarks"])
+    heldout = config["rl"]["heldout"]["benchmark"]
+    if heldout is not None and heldout not in known:
+        raise ValueError(f"config: rl.heldout.benchmark names benchmark {heldout!r}, which is not defined under "
+                         f"'benchmarks' (defined: {sorted(known)})")
+    for m in config["evaluate"]["models"]:
+        if m not in model_dirs:
+            raise ValueError(f"config: evaluate.models names {m!r}, which this run does not train "
+                             f"(models: {sorted(model_dirs)}; rl.stages enables {rl_stages})")
+    for key in ("rl_data.decontaminate_against", "evaluate.benchmarks"):
+        section, field = key.split(".")
+        for name in config[section][field]:
+            if name not in known:
+                raise ValueError(f"config: {key} names benchmark {name!r}, which is not defined under "
+                                 f"'benchmarks' (defined: {sorted(known)})")
+    ab = config["ablation"]
+    if bool(ab["modes"]) != bool(ab["seeds"]):
+        raise ValueError(f"config: ablation needs both modes and seeds (got modes {ab['modes']}, seeds {ab['seeds']}); "
+                         "with one of them empty no run would be planned")
+    return [(m, s) for m in ab["modes"] for s in ab["seeds"]]
+
+
+def check_data_files(paths: list) -> list[str]:
+    """The local files among ``paths`` (``None`` and ``hub:`` ids left out), each of which must exist.
+
+    A missing file fails here, at parse time: otherwise Snakemake may keep the outputs built from the old file and
+    never schedule the stage that would report it.
+    Raises:
+        ValueError: a local path does not exist (relative paths start at the working directory, which is named).
+    """
+    local = [str(p) for p in paths if p and not str(p).startswith("hub:")]
+    missing = [p for p in local if not os.path.exists(p)]
+    if missing:
+        raise ValueError(f"config: data file(s) not found (paths are relative to {os.getcwd()}): {missing}")
+    return local
+
+
+def _file_key(path: str) -> list:
+    try:
+        st = os.stat(path)
+        return [path, st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [path, None, None]
+
+
+def cached_check(config: dict, cache_dir: str) -> None:
+    """The held-out benchmark checks of ``check_heldout``, skipped when the same check passed before.
+
+    Raises:
+        ValueError: what ``check_heldout`` raises (nothing is cached then).
+    """
+    name = config["rl"]["heldout"]["benchmark"]
+    if name is None:
+        return
+    decontaminated = name in config["rl_data"]["decontaminate_against"]
+    sources = [] if decontaminated else config["rl_data"]["sources"]
+    spec = config["benchmarks"][name]
+    files = [spec["path"]] + [s["path"] for s in sources]
+    key = hashlib.sha256(json.dumps({"name": name, "spec": spec, "sources": sources, "decontaminated": decontaminated,
+                                     "files": [_file_key(f) for f in files]}, sort_keys=True).encode()).hexdigest()
+    stamp = Path(cache_dir) / f"heldout-{key[:32]}.ok"
+    if stamp.exists():
+        _warn_answer_type(name, spec)  # not cached: a warning is shown on every run, not only the first
+        return
+    check_heldout(config)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps({"benchmark": name, "files": files}) + "\n")
+
+
+def _warn_answer_type(name: str, spec: dict) -> None:
+    answer_type = spec.get("answer_type", "math")
+    if answer_type != "integer":
+        # RL rewards always use the integer grader; a lenient grader on the held-out set can count what the
+        # reward does not (an unevaluated expression boxed as the answer scores 1 under Math-Verify)
+        print(f"warning: rl.heldout.benchmark {name!r} is graded with answer_type {answer_type!r}, the RL reward "
+              f"with 'integer': set benchmarks.{name}.answer_type: integer to measure what RL trains for",
+              file=sys.stderr)
+
+
+def check_heldout(config: dict) -> None:
+    """The RL held-out benchmark is read only when RL starts (after SFT); read it now so a bad file fails first,
+    and refuse one that shares problems with a training source (its curve would measure memorisation).
+
+    Raises:
+        ValueError: the benchmark cannot be loaded (the message names file, row and field), or a held-out problem
+            is also a problem of an rl_data source that is not decontaminated against it.
+    """
+    from .data.benchmarks import load_benchmark
+
+    name = config["rl"]["heldout"]["benchmark"]
+    try:
+        heldout = load_benchmark(name, config["benchmarks"][name])
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"config: rl.heldout.benchmark {name!r} cannot be loaded: {e}") from None
+    _warn_answer_type(name, config["benchmarks"][name])
+    if name in config["rl_data"]["decontaminate_against"]:
+        return  # rl_data removes its problems (and near-copies) from the training data
+    from .data.loaders import load_source
+    from .rl.heldout import check_disjoint
+
+    for src in config["rl_data"]["sources"]:
+        try:
+            check_disjoint(heldout, load_source(src), name, f"rl_data source {src.get('name', src.get('path'))!r}")
+        except ValueError as e:
+            raise ValueError(f"config: {e}") from None
