@@ -1,0 +1,162 @@
+"""Decoding that keeps each trajectory's KV cache across turns and prefills a group's shared prompt once (issue 19).
+
+Without it, every turn of a trajectory re-prefills its whole context (system prompt with the tool schema, the
+problem, every earlier turn and tool response), and each of a group's 2G rollouts prefills the same ~400-token
+prompt. On a CPU that prefill is a large part of a rollout step. Here:
+
+- a row that arrives with ``past`` (the KV of tokens it already holds, from its previous turn) prefills only its
+  new tokens (the last sampled token, which was never fed, and the tool response);
+- rows without ``past`` whose contexts are equal (a group's prompt in turn 1) are prefilled once and copied;
+- when a row stops on its stop token, its KV (context + generated tokens but the last) is handed back for the
+  next turn. A row cut by its token limit ends its trajectory, so nothing is kept for it.
+
+The result is the same computation as a re-prefill (same tokens, positions and masks); only the batching of the
+arithmetic differs, so values agree to rounding (``tests/test_hf_cache.py`` checks greedy tokens in float64).
+
+Layout. Prefill batch: each row's past left-padded to the longest past P, then its new tokens left-padded to the
+longest new part N (so a row's mask may have a gap between past and new: attention masks handle any zeros, and
+positions come from the mask, so they are contiguous over real tokens). After the prefill every row's real
+positions are gathered into one contiguous run, and the decode batch is left-padded as in ``hf_decode``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .hf_decode import PreallocatedCache, grouped_query_decoding, sample_next
+
+
+@dataclass
+class PastKV:
+    """A row's cached keys and values: per layer ``(K, V)`` of shape [H_kv, n_tokens, D], for the first
+    ``n_tokens`` tokens of ``ids`` (the tokens it was computed on, which a next turn's context must start with)."""
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.layers[0][0].shape[-2] if self.layers else 0
+
+    def nbytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
+
+
+def _gather(cache: PreallocatedCache, row: int, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of one row's keys and values at ``positions`` (int64 [n]) of every layer: [H_kv, n, D] each."""
+    return [(layer.keys[row].index_select(-2, positions).clone(), layer.values[row].index_select(-2, positions).clone())
+            for layer in cache.layers]
+
+
+def _left_padded(rows: list[list[tuple[torch.Tensor, torch.Tensor]]], width: int, capacity: int) -> PreallocatedCache:
+    """A cache of ``len(rows)`` rows whose row i holds ``rows[i]`` right-aligned in the first ``width`` positions."""
+    cache = PreallocatedCache(capacity)
+    for li in range(len(rows[0])):
+        k0, v0 = rows[0][li]
+        k = k0.new_zeros(len(rows), k0.shape[0], width, k0.shape[-1])
+        v = v0.new_zeros(len(rows), v0.shape[0], width, v0.shape[-1])
+        for i, r in enumerate(rows):
+            n = r[li][0].shape[-2]
+            if n:
+                k[i, :, width - n:] = r[li][0]
+                v[i, :, width - n:] = r[li][1]
+        cache.update(k, v, li)
+    return cache
+
+
+def _prefill(model, unique: list[tuple[PastKV | None, list[int]]], pad_id: int):
+    """Forward every unique row's new tokens on top of its past. Returns (last-position logits [U, vocab], each
+    row's contiguous KV of past + new tokens)."""
+    device = getattr(model, "device", torch.device("cpu"))
+    P = max((p.n_tokens if p is not None else 0) for p, _ in unique)
+    N = max(len(new) for _, new in unique)
+    ids = torch.full((len(unique), N), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(len(unique), P + N, dtype=torch.long, device=device)
+    for u, (past, new) in enumerate(unique):
+        n_past = past.n_tokens if past is not None else 0
+        ids[u, N - len(new):] = torch.tensor(new, device=device)
+        mask[u, P - n_past:P] = 1
+        mask[u, P + N - len(new):] = 1
+    cache = PreallocatedCache(P + N)
+    if P:
+        template = next(p for p, _ in unique if p is not None).layers
+        empty = [(k.new_zeros(k.shape[0], 0, k.shape[-1]), v.new_zeros(v.shape[0], 0, v.shape[-1])) for k, v in template]
+        loaded = _left_padded([p.layers if p is not None else empty for p, _ in unique], P, P + N)
+        cache = loaded
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, P:]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    kv = [_gather(cache, u, mask[u].nonzero().squeeze(-1)) for u in range(len(unique))]
+    return out.logits[:, -1, :], kv
+
+
+@torch.no_grad()
+def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: list[int], stop_id: int, pad_id: int,
+                  temperature: float, top_p: float, keep: bool = True) -> list[tuple[list[int], PastKV | None]]:
+    """Sample a continuation of each row's context, reusing cached KV and prefilling equal contexts once.
+
+    Args:
+        model: a ``transformers`` causal LM (called with ``past_key_values``, ``position_ids``, ``logits_to_keep``).
+        rows: per row ``(past, new_ids)``: ``past`` holds the KV of the context's first tokens (None: none), and
+            ``new_ids`` the rest of the context (at least one token).
+        limits: the most new tokens per row (each >= 1). stop_id, pad_id, temperature, top_p: as ``decode_shrinking``.
+        keep: return each stopped row's KV for its next turn (False: return None for every row).
+    Returns:
+        Per row, in input order: (new token ids, ending in ``stop_id`` or exactly ``limits[i]`` long; the row's KV
+        over its context and every new token but the last when it stopped on ``stop_id`` and ``keep``, else None).
+    Raises:
+        ValueError: a row without new tokens.
+    """
+    if any(not new for _, new in rows):
+        raise ValueError("every row needs at least one new context token")
+    context = [(p.ids[: p.n_tokens] if p is not None else []) + list(new) for p, new in rows]
+    index, unique = {}, []
+    for i, (past, new) in enumerate(rows):
+        key = ("past", i) if past is not None else ("prompt", tuple(new))
+        if key not in index:
+            index[key] = len(unique)
+            unique.append((past, list(new)))
+    which = [index[("past", i) if p is not None else ("prompt", tuple(new))] for i, (p, new) in enumerate(rows)]
+    with grouped_query_decoding(model):
+        logits, kv = _prefill(model, unique, pad_id)
+        width = max(len(c) for c in context)
+        cache = _left_padded([kv[u] for u in which], width, width + max(limits))
+        device = logits.device
+        mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+        for i, c in enumerate(context):
+            mask[i, width - len(c):] = 1
+        return _decode(model, cache, mask, logits[torch.tensor(which, device=device)], context, limits, stop_id,
+                       temperature, top_p, keep)
+
+
+def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, top_p, keep):
+    device = mask.device
+    n_rows = len(context)
+    rows: list[int | None] = list(range(n_rows))   # input index of each batch row; None once it has finished
+    new: list[list[int]] = [[] for _ in range(n_rows)]
+    kept: list[PastKV | None] = [None] * n_rows
+    while True:
+        nxt = sample_next(logits, temperature, top_p)
+        for j, tok in enumerate(nxt.tolist()):
+            i = rows[j]
+            if i is None:
+                continue
+            new[i].append(tok)
+            if tok == stop_id or len(new[i]) >= limits[i]:
+                if keep and tok == stop_id:   # the cache holds the context and every new token but this one
+                    kept[i] = PastKV(context[i] + new[i][:-1], _gather(cache, j, mask[j].nonzero().squeeze(-1)))
+                rows[j] = None
+        live = [j for j, i in enumerate(rows) if i is not None]
+        if not live:
+            return list(zip(new, kept))
+        # finished rows leave together once they are an eighth of the batch (each removal copies the cache)
+        if (len(rows) - len(live)) * 8 >= len(rows):
+            idx = torch.tensor(live, device=device)
+            cache.batch_select_indices(idx)
+            mask, nxt = mask[idx], nxt[idx]
+            rows = [rows[j] for j in live]
+        mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                    past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1, :]

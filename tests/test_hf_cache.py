@@ -1,0 +1,84 @@
+"""hf_cache: keeping a trajectory's KV cache across turns and prefilling equal prompts once gives the tokens of a
+full re-prefill (greedy, float64: batch composition cannot flip an argmax)."""
+
+import pytest
+import torch
+
+from rstar2.models import tiny_qwen3
+from rstar2.rollout.hf_cache import PastKV, decode_cached
+from rstar2.rollout.hf_decode import decode_shrinking
+
+
+def _model():
+    model, tok = tiny_qwen3(hidden_size=32, num_layers=2, num_heads=4, seed=5)
+    return model.double().eval(), tok
+
+
+def _stop_after(model, stop: int, every: int):
+    """Make ``stop`` the argmax at every ``every``-th decoding position of a row, so turns end on the stop token
+    (a random model almost never samples it): keeps the logits of all other tokens as they are."""
+    forward = model.forward
+
+    def patched(*a, **kw):
+        out = forward(*a, **kw)
+        pos = kw["position_ids"][:, -1]
+        hit = (pos % every) == every - 1
+        out.logits[hit, -1, stop] = out.logits[hit, -1].max(dim=-1).values + 1.0
+        return out
+    model.forward = patched
+    return model
+
+
+def test_cached_turns_give_the_tokens_of_a_full_reprefill():
+    model, tok = _model()
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    _stop_after(model, stop, 7)
+    prompts = [tok.encode("What is 6 times 7?")] * 3 + [tok.encode("Compute the sum of the first ten primes, please.")]
+    limits = [20, 20, 20, 20]
+    turn1 = decode_cached(model, [(None, p) for p in prompts], limits, stop, 0, 0.0, 1.0)
+    assert [g for g, _ in turn1] == decode_shrinking(model, prompts, limits, stop, 0, 0.0, 1.0)
+    assert all(g[-1] == stop and kv is not None for g, kv in turn1)
+
+    # turn 2: the tool response is appended; a cached row feeds only [last sampled token] + tool tokens
+    tool = [tok.encode("<tool_response>\n42\n</tool_response>"), tok.encode("<tool_response>\nerror\n</tool_response>"),
+            tok.encode("ok"), tok.encode("<tool_response>\n129\n</tool_response>")]
+    contexts = [p + g + t for p, (g, _), t in zip(prompts, turn1, tool)]
+    rows = []
+    for (g, kv), ctx in zip(turn1, contexts):
+        assert kv.n_tokens == len(ctx) - len(tool[len(rows)]) - 1 and ctx[: kv.n_tokens] == kv.ids
+        rows.append((kv, ctx[kv.n_tokens:]))
+    rows[2] = (None, contexts[2])   # one row without a cache in the same batch
+    turn2 = decode_cached(model, rows, limits, stop, 0, 0.0, 1.0)
+    assert [g for g, _ in turn2] == decode_shrinking(model, contexts, limits, stop, 0, 0.0, 1.0)
+    # and the keys/values handed back equal those of one plain forward pass over the same tokens
+    _, kv = turn2[0]
+    plain = model(input_ids=torch.tensor([kv.ids]), position_ids=torch.arange(len(kv.ids))[None], use_cache=True)
+    plain = plain.past_key_values
+    for li, (k, v) in enumerate(kv.layers):
+        torch.testing.assert_close(k, plain.layers[li].keys[0])
+        torch.testing.assert_close(v, plain.layers[li].values[0])
+
+
+def test_equal_prompts_are_prefilled_once():
+    model, tok = _model()
+    sizes = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: (sizes.append(tuple(kw["input_ids"].shape)), forward(*a, **kw))[1]
+    p, q = tok.encode("a b c d"), tok.encode("e f")
+    decode_cached(model, [(None, p)] * 4 + [(None, q)] * 4, [3] * 8, -1, 0, 0.0, 1.0)
+    assert sizes[0] == (2, len(p)) and sizes[1] == (8, 1)   # 2 unique prompts prefilled, then 8 rows decode
+
+
+def test_sampled_rows_of_one_prompt_differ_and_limits_hold():
+    model, tok = _model()
+    torch.manual_seed(0)
+    out = decode_cached(model, [(None, tok.encode("hello there"))] * 6, [2, 4, 6, 8, 10, 12], -1, 0, 1.0, 1.0)
+    assert [len(g) for g, _ in out] == [2, 4, 6, 8, 10, 12]
+    assert len({tuple(g[:2]) for g, _ in out}) > 1        # each copy of the prompt samples on its own
+    assert all(kv is None for _, kv in out)               # cut by the limit: the trajectory ends, nothing kept
+
+
+def test_a_row_needs_a_new_token():
+    model, tok = _model()
+    with pytest.raises(ValueError, match="at least one new"):
+        decode_cached(model, [(PastKV([1], []), [])], [2], -1, 0, 0.0, 1.0)
