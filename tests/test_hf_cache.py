@@ -82,3 +82,23 @@ def test_a_row_needs_a_new_token():
     model, tok = _model()
     with pytest.raises(ValueError, match="at least one new"):
         decode_cached(model, [(PastKV([1], []), [])], [2], -1, 0, 0.0, 1.0)
+
+
+def test_per_row_streams_sample_the_same_tokens_cached_or_reprefilled_and_in_any_batch():
+    """With counter-based per-row random numbers a row's sampled tokens depend on its own stream only: the same
+    with the cache as with a full re-prefill, alone or beside other rows, in any order."""
+    model, tok = _model()
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    _stop_after(model, stop, 5)
+    prompts = [tok.encode("What is 6 times 7?")] * 3 + [tok.encode("Add 2 and 3.")]
+    names = ["g0-0", "g0-1", "g0-2", "g1-0"]
+    limits = [12] * 4
+    cached = decode_cached(model, [(None, p) for p in prompts], limits, stop, 0, 1.0, 1.0, streams=(7, names))
+    full = decode_shrinking(model, prompts, limits, stop, 0, 1.0, 1.0, streams=(7, names))
+    assert [g for g, _ in cached] == full
+    assert len({tuple(g) for g in full[:3]}) > 1            # one prompt, three streams: different samples
+    alone = decode_shrinking(model, prompts[3:], limits[3:], stop, 0, 1.0, 1.0, streams=(7, names[3:]))
+    reordered = decode_shrinking(model, prompts[::-1], limits, stop, 0, 1.0, 1.0, streams=(7, names[::-1]))
+    assert alone == full[3:] and reordered == full[::-1]
+    other_seed = decode_shrinking(model, prompts, limits, stop, 0, 1.0, 1.0, streams=(8, names))
+    assert other_seed != full

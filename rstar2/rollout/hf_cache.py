@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .hf_decode import PreallocatedCache, grouped_query_decoding, sample_next
+from .hf_decode import PreallocatedCache, draw_uniforms, grouped_query_decoding, sample_next
 
 
 @dataclass
@@ -93,7 +93,8 @@ def _prefill(model, unique: list[tuple[PastKV | None, list[int]]], pad_id: int):
 
 @torch.no_grad()
 def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: list[int], stop_id: int, pad_id: int,
-                  temperature: float, top_p: float, keep: bool = True) -> list[tuple[list[int], PastKV | None]]:
+                  temperature: float, top_p: float, keep: bool = True,
+                  streams: tuple[int, list[str]] | None = None) -> list[tuple[list[int], PastKV | None]]:
     """Sample a continuation of each row's context, reusing cached KV and prefilling equal contexts once.
 
     Args:
@@ -102,6 +103,8 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
             ``new_ids`` the rest of the context (at least one token).
         limits: the most new tokens per row (each >= 1). stop_id, pad_id, temperature, top_p: as ``decode_shrinking``.
         keep: return each stopped row's KV for its next turn (False: return None for every row).
+        streams: per-row random streams, as ``hf_decode.decode_shrinking`` (the token position is the row's
+            context length plus the tokens generated so far, so a cached and a re-prefilled row draw alike).
     Returns:
         Per row, in input order: (new token ids, ending in ``stop_id`` or exactly ``limits[i]`` long; the row's KV
         over its context and every new token but the last when it stopped on ``stop_id`` and ``keep``, else None).
@@ -127,17 +130,18 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
         for i, c in enumerate(context):
             mask[i, width - len(c):] = 1
         return _decode(model, cache, mask, logits[torch.tensor(which, device=device)], context, limits, stop_id,
-                       temperature, top_p, keep)
+                       temperature, top_p, keep, streams)
 
 
-def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, top_p, keep):
+def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, top_p, keep, streams):
     device = mask.device
     n_rows = len(context)
     rows: list[int | None] = list(range(n_rows))   # input index of each batch row; None once it has finished
     new: list[list[int]] = [[] for _ in range(n_rows)]
     kept: list[PastKV | None] = [None] * n_rows
     while True:
-        nxt = sample_next(logits, temperature, top_p)
+        u = draw_uniforms(streams, rows, [len(c) + len(g) for c, g in zip(context, new)])
+        nxt = sample_next(logits, temperature, top_p, u)
         for j, tok in enumerate(nxt.tolist()):
             i = rows[j]
             if i is None:

@@ -128,10 +128,15 @@ class PreallocatedCache(Cache):
             layer.batch_select_indices(indices)
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
+                uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """Next token per row from ``logits`` [rows, vocab] (any float dtype); returns int64 [rows].
 
-    Uses the global torch RNG (seed it for reproducible rollouts), like ``generate``.
+    ``uniforms`` None: draws from the global torch RNG (seed it for reproducible rollouts), like ``generate``.
+    ``uniforms`` float64 [rows] in [0, 1): row i takes the token where its cumulative probability (in token-id
+    order) first exceeds ``uniforms[i]``, so a row's token depends on its own number only, not on which other rows
+    share the batch or in which order they were drawn (``row_uniforms`` derives the numbers from a seed, the
+    trajectory and the position).
     """
     if temperature <= 0:
         return logits.argmax(dim=-1)
@@ -148,12 +153,46 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float) -> torch
         drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1).squeeze(-1)
+    if uniforms is None:
+        return torch.multinomial(probs, 1).squeeze(-1)
+    cdf = probs.double().cumsum(dim=-1)
+    target = uniforms.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def row_uniforms(seed: int, stream: str, positions: list[int]) -> list[float]:
+    """Uniform numbers in [0, 1) for token ``positions`` of one stream (a trajectory), from a counter-based
+    generator (SplitMix64 over seed, a stable hash of ``stream`` and the position): the same arguments always give
+    the same numbers, whatever else runs, in whatever order."""
+    import zlib
+
+    base = _splitmix64((seed & _MASK64) ^ (zlib.crc32(stream.encode()) << 32) ^ zlib.adler32(stream.encode()))
+    return [(_splitmix64(base ^ pos) >> 11) * (1.0 / (1 << 53)) for pos in positions]
+
+
+def draw_uniforms(streams: tuple[int, list[str]] | None, rows: list[int | None], positions: list[int]):
+    """The ``uniforms`` argument of ``sample_next`` for the batch rows ``rows`` (input index, None = finished) at
+    token ``positions`` (per input index), or None (global RNG) when ``streams`` is None."""
+    if streams is None:
+        return None
+    seed, names = streams
+    return torch.tensor([row_uniforms(seed, names[i], [positions[i]])[0] if i is not None else 0.0 for i in rows],
+                        dtype=torch.float64)
 
 
 @torch.no_grad()
 def decode_shrinking(model, prompts: list[list[int]], limits: list[int], stop_id: int, pad_id: int,
-                     temperature: float, top_p: float) -> list[list[int]]:
+                     temperature: float, top_p: float, streams: tuple[int, list[str]] | None = None) -> list[list[int]]:
     """Sample a continuation for each prompt; each row leaves the batch when it is done.
 
     Args:
@@ -163,6 +202,8 @@ def decode_shrinking(model, prompts: list[list[int]], limits: list[int], stop_id
         stop_id: the token that ends a row (kept as its last token).
         pad_id: the id written into padding positions (never attended to).
         temperature, top_p: see ``sample_next``.
+        streams: ``(seed, [stream name per row])``: row i samples token t of its sequence with
+            ``row_uniforms(seed, name_i, [t])``, independent of the batch; None: the global torch RNG.
     Returns:
         The new token ids per row, in input order: ending in ``stop_id``, or exactly ``limits[i]`` long.
     """
@@ -172,17 +213,20 @@ def decode_shrinking(model, prompts: list[list[int]], limits: list[int], stop_id
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     cache = PreallocatedCache(width + max(limits))
     with grouped_query_decoding(model):
-        return _decode(model, ids, mask, cache, len(prompts), limits, stop_id, temperature, top_p)
+        return _decode(model, ids, mask, cache, [len(p) for p in prompts], limits, stop_id, temperature, top_p,
+                       streams)
 
 
-def _decode(model, ids, mask, cache, n_rows, limits, stop_id, temperature, top_p) -> list[list[int]]:
+def _decode(model, ids, mask, cache, lengths, limits, stop_id, temperature, top_p, streams) -> list[list[int]]:
+    n_rows = len(lengths)
     device = ids.device
     out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     rows: list[int | None] = list(range(n_rows))  # input index of each batch row; None once it has finished
     new: list[list[int]] = [[] for _ in range(n_rows)]
     while True:
-        nxt = sample_next(out.logits[:, -1, :], temperature, top_p)
+        u = draw_uniforms(streams, rows, [n + len(g) for n, g in zip(lengths, new)])
+        nxt = sample_next(out.logits[:, -1, :], temperature, top_p, u)
         for j, tok in enumerate(nxt.tolist()):
             i = rows[j]
             if i is None:
