@@ -26,7 +26,8 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
         The ablation runs ``[(mode, seed), ...]`` (every mode with every seed; empty without an ablation).
     Raises:
         ValueError: RL stages enabled out of order, an evaluated model this run does not train, a benchmark name
-            that is not defined, or an ablation with modes but no seeds (or the reverse).
+            that is not defined, a stage's source that rl_data does not have, or an ablation with modes but no
+            seeds (or the reverse).
     """
     if rl_stages != ["stage1", "stage2", "stage3"][: len(rl_stages)]:
         raise ValueError(f"config: rl.stages must enable stage1, stage1-2 or stage1-3 in order; enabled: {rl_stages}")
@@ -45,6 +46,12 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
             if name not in known:
                 raise ValueError(f"config: {key} names benchmark {name!r}, which is not defined under "
                                  f"'benchmarks' (defined: {sorted(known)})")
+    names = [s.get("name") for s in config["rl_data"]["sources"]]
+    for stage in rl_stages:
+        for name in config["rl"]["stages"][stage]["sources"] or []:
+            if name not in names:
+                raise ValueError(f"config: rl.stages.{stage}.sources names {name!r}, which is not a source under "
+                                 f"rl_data.sources (sources: {names})")
     ab = config["ablation"]
     if bool(ab["modes"]) != bool(ab["seeds"]):
         raise ValueError(f"config: ablation needs both modes and seeds (got modes {ab['modes']}, seeds {ab['seeds']}); "

@@ -10,13 +10,14 @@ from pathlib import Path
 from ..io import read_jsonl, write_jsonl, write_manifest
 from ..params import to_dict
 from .params import HardProblemsParams, parse
+from .rl import select_sources
 
 
 def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_tokenizer=None) -> None:
     """Writes ``pass_counts.jsonl`` (every mined problem with its passes out of k) and ``hard.jsonl``.
 
     params: ``rstar2.stages.params.HardProblemsParams`` or its JSON dict: k, subset_size (0 = all problems; else
-    a seeded random subset), rollout, seed. ``model_and_tokenizer``: an already loaded (model, tokenizer) instead of ``model_dir`` (tests).
+    a seeded random subset), sources (stage 3's rl_data sources; None = all), rollout, seed. ``model_and_tokenizer``: an already loaded (model, tokenizer) instead of ``model_dir`` (tests).
     Raises:
         ValueError: nothing is left after mining (every problem solved k/k): stage 3 would have no data.
     """
@@ -28,7 +29,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
     t0 = time.time()
     p = parse(HardProblemsParams, params, "hard_problems params")
     torch.manual_seed(p.seed)
-    rows = read_jsonl(data_path)
+    rows = select_sources(read_jsonl(data_path), p.sources, f"hard_problems ({data_path})")
     random.Random(p.seed).shuffle(rows)
     if p.subset_size:
         rows = rows[: p.subset_size]

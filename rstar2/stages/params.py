@@ -143,6 +143,7 @@ class RLParams:
     clip_low: float
     clip_high: float
     trainer_overrides: dict
+    sources: list | None
     rollout: RolloutConfig
     trainer: TrainerParams
     heldout: HeldoutParams | None
@@ -155,9 +156,11 @@ class RLParams:
 
 @dataclass(frozen=True)
 class HardProblemsParams:
-    """``hard_problems`` (paper §4.3): k rollouts per problem with the stage-2 policy; keep those not solved k/k."""
+    """``hard_problems`` (paper §4.3): k rollouts per problem with the stage-2 policy; keep those not solved k/k.
+    ``sources``: the rl_data sources stage 3 trains on (``rl.stages.stage3.sources``; None = all)."""
     k: int
     subset_size: int
+    sources: list | None
     rollout: RolloutConfig
     seed: int
 
@@ -247,13 +250,14 @@ def rl(config: dict, stage: str, ablation: tuple[str, int] | None = None) -> RLP
                                 rollout=_rollout(config, st, ho["temperature"], ho["top_p"], ho["batch_size"]))
     shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size", "heldout", "mode")}
     return parse(RLParams, {**shared, "name": name, "mode": mode, "steps": steps, "heldout": heldout,
+                            "sources": st["sources"],
                             "rollout": _rollout(config, st, rl["temperature"], rl["top_p"], rl["batch_size"]),
                             "trainer": _trainer(config), "seed": seed}, f"rl.stages.{stage}")
 
 
 def hard_problems(config: dict) -> HardProblemsParams:
     hp, rl = config["hard_problems"], config["rl"]
-    return HardProblemsParams(k=hp["k"], subset_size=hp["subset_size"],
+    return HardProblemsParams(k=hp["k"], subset_size=hp["subset_size"], sources=rl["stages"]["stage3"]["sources"],
                               rollout=_rollout(config, hp, rl["temperature"], rl["top_p"], rl["batch_size"]),
                               seed=config["seed"])
 

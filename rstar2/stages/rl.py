@@ -56,6 +56,21 @@ def grpo_config(p: RLParams, output_dir: str, seed: int, num_processes: int = 1)
                                         "rl.trainer_overrides"))
 
 
+def select_sources(rows: list[dict], sources: list | None, where: str) -> list[dict]:
+    """The rows of the rl_data ``sources`` a stage trains on (``rl.stages.stageN.sources``; None = all rows).
+
+    Raises:
+        ValueError: no row comes from those sources (names ``where`` and the sources found in the data).
+    """
+    if sources is None:
+        return rows
+    picked = [r for r in rows if r.get("source") in sources]
+    if not picked:
+        found = sorted({str(r.get("source")) for r in rows})
+        raise ValueError(f"{where}: no problem of sources {sources} (the data has sources {found})")
+    return picked
+
+
 def _heldout_problems(p: RLParams) -> list[dict] | None:
     """The held-out benchmark's problems when ``p.heldout`` names one (data errors name file and row)."""
     if p.heldout is None:
@@ -108,6 +123,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     rows = read_jsonl(data_path)
     if not rows:
         raise ValueError(f"{data_path}: no training problems; nothing to train on")
+    rows = select_sources(rows, p.sources, f"{p.name} ({data_path})")
     ps = distributed.process_state(to_dict(p.trainer))
     P, G = p.prompts_per_step, p.group_size
     if P % ps.num_processes:
