@@ -159,24 +159,30 @@ def summarise(rows: list[dict], k: int) -> dict:
 
     Args:
         rows: per-problem records with ``rewards``, ``preds``, ``response_tokens``, ``tool_calls``,
-            ``truncated`` (one entry per sample).
+            ``truncated`` (one entry per sample) and optionally ``tool_calls_ok`` (calls with status ok).
         k: samples per problem.
     Returns:
         ``{"n_problems", "k", "avg_at_k", "avg_at_k_ci" [lo, hi], "pass_at_k", "maj_at_k",
-        "mean_response_tokens", "mean_tool_calls", "truncation_ratio"}``; scores are fractions in [0, 1],
-        means are over problems of the per-problem mean over samples. With no rows every value is None.
+        "mean_response_tokens", "mean_tool_calls", "tool_ok_ratio", "truncation_ratio"}``; scores are fractions
+        in [0, 1], means are over problems of the per-problem mean over samples; ``tool_ok_ratio`` is the share of
+        all tool calls that ran cleanly (None without calls or without ``tool_calls_ok``). With no rows every
+        value is None.
     """
     if not rows:
         return {"n_problems": 0, "k": k, "avg_at_k": None, "avg_at_k_ci": None, "pass_at_k": None,
-                "maj_at_k": None, "mean_response_tokens": None, "mean_tool_calls": None, "truncation_ratio": None}
+                "maj_at_k": None, "mean_response_tokens": None, "mean_tool_calls": None, "tool_ok_ratio": None,
+                "truncation_ratio": None}
     rewards = [r["rewards"] for r in rows]
     out = summarize_rewards(rewards, k=min(k, min(len(r) for r in rewards)))
     out["k"] = k
 
     def mean_of_means(key):
         return statistics.fmean(statistics.fmean(float(x) for x in r[key]) for r in rows)
+    calls = sum(sum(r["tool_calls"]) for r in rows)
+    ok = sum(sum(r["tool_calls_ok"]) for r in rows) if all("tool_calls_ok" in r for r in rows) else None
     out.update(maj_at_k=maj_at_k([r["preds"] for r in rows], rewards),
                mean_response_tokens=mean_of_means("response_tokens"), mean_tool_calls=mean_of_means("tool_calls"),
+               tool_ok_ratio=ok / calls if ok is not None and calls else None,
                truncation_ratio=mean_of_means("truncated"))
     return out
 

@@ -411,3 +411,36 @@ def test_ablation_warns_on_repeated_runs_and_unequal_budgets(tmp_path):
     report.run(_rp(), {"ablation": runs}, str(out))
     md, _ = _check_outputs(out)
     assert "some (mode, seed) pairs appear more than once" in md and "different numbers of steps ([8, 20])" in md
+
+
+def test_report_leads_with_the_held_out_learning_result(tmp_path, fake_inputs):
+    """The first section: accuracy per model with intervals, the gain, and one problem the SFT model got wrong and
+    the final model right, shown side by side."""
+    ev = tmp_path / "eval"
+    for model, acc, ci, ok in (("sft", 0.05, [0.01, 0.10], 0.38), ("rl_stage3", 0.71, [0.62, 0.80], 1.0)):
+        summary = json.loads((ev / model / "summary.json").read_text())
+        summary["benchmarks"]["arith_heldout"] = {"n_problems": 100, "k": 1, "avg_at_k": acc, "avg_at_k_ci": ci,
+                                                  "tool_ok_ratio": ok, "mean_tool_calls": 1.2, "truncation_ratio": 0.0}
+        _write_json(ev / model / "summary.json", summary)
+    _write_jsonl(ev / "sft" / "arith_heldout" / "per_problem.jsonl",
+                 [{"id": "h1", "sample": _sample("h1", 1.0)}, {"id": "h2", "sample": _sample("h2", 0.0)}])
+    _write_jsonl(ev / "rl_stage3" / "arith_heldout" / "per_problem.jsonl",
+                 [{"id": "h1", "sample": _sample("h1", 1.0)}, {"id": "h2", "sample": _sample("h2", 1.0)}])
+    out = tmp_path / "report"
+    report.run(_rp(lead_benchmark="arith_heldout"), fake_inputs, str(out))
+    md = (out / "summary.md").read_text()
+    first = md.index("## ")
+    assert md[first:].startswith("## Learning result: held-out accuracy on arith_heldout")
+    assert "rl_stage3 vs sft: +66.0 points; the 95% intervals do not overlap." in md
+    assert "| sft | 5.0 [1.0, 10.0] | 100 | 1 | 38.0 | 1.20 | 0.0 |" in md
+    assert "| rl_stage3 | 71.0 [62.0, 80.0] | 100 | 1 | 100.0 |" in md
+    lead = md[first:md.index("\n## ", first + 3)]
+    assert "sft · h2" in lead and "rl_stage3 · h2" in lead and "h1" not in lead   # wrong before, right after
+    assert (out / "learning_result.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_no_lead_section_without_its_benchmark(tmp_path, fake_inputs):
+    out = tmp_path / "report"
+    report.run(_rp(lead_benchmark="arith_heldout"), fake_inputs, str(out))
+    assert "Learning result" not in (out / "summary.md").read_text()
+    assert (out / "learning_result.png").read_bytes().startswith(PNG_MAGIC)     # "no data" figure

@@ -97,6 +97,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
                 "rewards": [t.reward for t in samples], "preds": [t.pred for t in samples],
                 "response_tokens": [len(t.response_ids) for t in samples],
                 "tool_calls": [len(t.tool_calls) for t in samples],
+                "tool_calls_ok": [sum(c.get("status") == "ok" for c in t.tool_calls) for t in samples],
                 "truncated": [t.truncated for t in samples], "sample": samples[0].record()})
         progress(start + len(batch), len(todo))
     summary = {"model": model_name, "benchmarks": {}}

@@ -177,10 +177,12 @@ class EvaluateParams:
 
 @dataclass(frozen=True)
 class ReportParams:
-    """``report``: title, figure resolution, sample trajectories per model and stage."""
+    """``report``: title, figure resolution, sample trajectories per model and stage, and the benchmark whose
+    held-out accuracy per model leads the report (``report.lead_benchmark``, else ``rl.heldout.benchmark``)."""
     title: str
     dpi: int
     samples: int
+    lead_benchmark: str | None
 
 
 def to_json(params) -> str:
@@ -270,4 +272,6 @@ def evaluate(config: dict) -> EvaluateParams:
 
 
 def report(config: dict) -> ReportParams:
-    return parse(ReportParams, config["report"], "report")
+    r = config["report"]
+    return parse(ReportParams, {**r, "lead_benchmark": r["lead_benchmark"] or config["rl"]["heldout"]["benchmark"]},
+                 "report")

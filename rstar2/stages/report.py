@@ -19,11 +19,11 @@ from pathlib import Path
 from ..io import atomic_path, atomic_write_text, write_manifest
 from ..params import to_dict
 from ..report import inputs as report_inputs
-from ..report import learning, plots, sections, trajectories
+from ..report import lead, learning, plots, sections, trajectories
 from ..report.document import Doc, Figure, Heading, Para, to_html, to_markdown
 from .params import ReportParams, parse
 
-FIGURES = ("training_curves.png", "funnel.png", "eval.png", "learning_curve.png", "ablation.png")
+FIGURES = (lead.FIGURE, "training_curves.png", "funnel.png", "eval.png", "learning_curve.png", "ablation.png")
 
 
 def _data_uri(path: Path) -> str:
@@ -35,7 +35,8 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
 
     Args:
         params: ``rstar2.stages.params.ReportParams`` or its JSON dict: ``dpi``, ``title``, ``samples``
-            (trajectories shown per evaluated model and per RL stage).
+            (trajectories shown per evaluated model and per RL stage), ``lead_benchmark`` (the benchmark of the
+            first section, "Learning result"; None = no such section).
         inputs: ``{"rl_stages": {"stage1": dir, ...} (any subset), "eval": {model_name: dir},
             "rl_data": dir}``; any key may be missing, any directory may lack its files.
         out_dir: e.g. ``results/report``.
@@ -50,6 +51,7 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     traj_blocks, shown = trajectories.section(got.eval_dirs, got.stage_dirs, p.samples, got.notes)
     title = p.title
     doc = Doc(title)
+    doc.add(*lead.lead_section(got.evals, got.eval_dirs, got.stages, p.lead_benchmark, got.notes))
     doc.add(*sections.evaluation(got.evals), Heading("Evaluation figure", 3),
             Figure("eval.png", "avg@k per benchmark with 95% bootstrap CI, beside the paper's numbers"))
     doc.add(*sections.funnel(got.funnel, "funnel.png"))
@@ -62,6 +64,7 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     if got.notes:
         doc.add(Heading("Notes"), *[Para(n) for n in got.notes])
 
+    lead.plot_lead(got.evals, got.stages, p.lead_benchmark, out / lead.FIGURE, dpi)
     plots.plot_training(got.stages, out / "training_curves.png", dpi)
     if got.funnel_png is not None:      # rl_data drew the funnel itself: show that one
         with atomic_path(out / "funnel.png") as tmp:

@@ -32,6 +32,7 @@ rule report:
         report_manifests(),
     output:
         "results/report/manifest.json",
+        report("results/report/learning_result.png", caption="../report/learning_result.rst", category="Evaluation"),
         report(
             "results/report/training_curves.png",
             caption="../report/training_curves.rst",
