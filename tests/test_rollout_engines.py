@@ -52,7 +52,7 @@ def test_hf_engine_batches_concurrent_requests_and_cuts_rows(qwen_tokenizer):
     prompt = tok.encode("hello", add_special_tokens=False)
 
     async def main():
-        outs = await asyncio.gather(*(eng.generate(prompt, n) for n in (200, 200, 200, 200, 5)))
+        outs = await asyncio.gather(*(eng.generate(f"t{i}", prompt, n) for i, n in enumerate((200, 200, 200, 200, 5))))
         await eng.aclose()
         return outs
     outs = asyncio.run(main())
@@ -72,7 +72,7 @@ def test_hf_engine_lingers_while_requests_keep_arriving(qwen_tokenizer, max_ling
 
     async def staggered(i):
         await asyncio.sleep(0.01 * i)
-        return await eng.generate(prompt, 50)
+        return await eng.generate(f"t{i}", prompt, 50)
 
     async def main():
         outs = await asyncio.gather(*(staggered(i) for i in range(4)))

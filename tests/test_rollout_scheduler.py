@@ -59,3 +59,47 @@ def test_balanced_beats_static_when_one_turn_is_long(qwen_tokenizer):
     _, _, _, t_static, _ = _run(qwen_tokenizer, scripts, "static")
     _, _, _, t_balanced, _ = _run(qwen_tokenizer, scripts, "balanced")
     assert t_balanced < t_static
+
+
+class _Recording:
+    """Wraps an engine and records every key it is asked to generate for and every release."""
+
+    def __init__(self, inner):
+        self.inner, self.generated, self.released = inner, [], []
+
+    def kv_capacity_tokens(self):
+        return self.inner.kv_capacity_tokens()
+
+    async def generate(self, key, context_ids, max_new_tokens):
+        assert key not in self.released, "a released trajectory came back"
+        self.generated.append(key)
+        return await self.inner.generate(key, context_ids, max_new_tokens)
+
+    def release(self, key):
+        self.released.append(key)
+        self.inner.release(key)
+
+
+def test_every_turn_carries_its_trajectory_key_and_each_end_is_released_once(qwen_tokenizer):
+    tok = qwen_tokenizer
+    scripts = [[SimTurn(60, 0.1)] * (i % 3) + [SimTurn(40, None)] for i in range(7)]
+    for mode in ("balanced", "static"):
+        policy = SimPolicy(tok, scripts)
+        engines = [_Recording(SimEngine(policy, kv_tokens=50_000)) for _ in range(2)]
+        cfg = RolloutConfig(max_response_tokens=1024, max_turns=10, scheduler=mode)
+        agent = AgentLoop(tok, cfg, SimToolRunner())
+        trajs = [agent.new_trajectory({"id": "same", "problem": f"Problem sim-{i}."}) for i in range(len(scripts))]
+        assert len({t.key for t in trajs}) == len(trajs)  # unique although the problem id repeats
+
+        async def main():
+            try:
+                await Scheduler(engines, agent, mode, 1024).run(trajs)
+            finally:
+                for e in engines:
+                    await e.inner.aclose()
+        run_virtual(main())
+        released = [k for e in engines for k in e.released]
+        assert sorted(released) == sorted(t.key for t in trajs), mode
+        for t in trajs:  # one engine per trajectory, asked once per turn
+            (e,) = [e for e in engines if t.key in e.generated]
+            assert e.generated.count(t.key) == len(t.turns)

@@ -1,11 +1,19 @@
 """Inference engines behind one async interface (paper §3.2; frameworks.md §4).
 
-An engine turns a token-id context into the next assistant turn:
-``await engine.generate(context_ids, max_new_tokens) -> Generation(token_ids, finish_reason)``, where
-``finish_reason`` is "stop" (the turn ended with the EOS/stop token, which is included in ``token_ids``)
-or "length" (cut by ``max_new_tokens`` or the model's context). ``kv_capacity_tokens()`` reports the
-engine's KV-cache size in tokens, or None when it has no fixed cache; the scheduler admits trajectories
-against it. Many coroutines may call ``generate`` at once; the engine batches them.
+An engine turns a token-id context into the next assistant turn (the ``Engine`` protocol):
+
+- ``await engine.generate(key, context_ids, max_new_tokens) -> Generation(token_ids, finish_reason, logprobs)``:
+  ``key`` names the trajectory (stable over all its turns, unique among live trajectories), so an engine may
+  keep per-trajectory state between turns (its KV cache, a server it is pinned to); ``finish_reason`` is
+  "stop" (the turn ended with the EOS/stop token, which is included in ``token_ids``) or "length" (cut by
+  ``max_new_tokens`` or the model's context); ``logprobs`` are the sampling log-probabilities of
+  ``token_ids`` where the engine reports them (vLLM), else None.
+- ``engine.release(key)``: the trajectory has ended (the scheduler calls it once, after its last turn, also on
+  failure); per-trajectory state may go.
+- ``engine.kv_capacity_tokens()``: the engine's KV-cache size in tokens (from its own metrics), or None when
+  it has no fixed cache; the scheduler admits trajectories against it and holds the reservations.
+
+Many coroutines may call ``generate`` at once; the engine batches them.
 
 - ``HFEngine``: transformers ``generate`` (CPU or GPU) on the live policy, so it never needs a weight sync.
 - ``VLLMEngine``: an in-process ``vllm.LLM`` (e.g. the one TRL's colocate mode keeps in sync with the policy).
@@ -19,20 +27,34 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 @dataclass
 class Generation:
-    """One generated turn: new token ids (EOS included when finish_reason == "stop")."""
+    """One generated turn: new token ids (EOS included when finish_reason == "stop"); ``logprobs``, when the
+    engine reports them, has one sampling log-probability (natural log, of the distribution sampled from) per
+    token id."""
     token_ids: list[int]
     finish_reason: str  # "stop" | "length"
+    logprobs: list[float] | None = None
 
 
 class Engine(Protocol):
-    async def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation: ...
+    """What the scheduler and the agent loop need from an inference engine (see the module docstring)."""
+
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation: ...
+
+    def release(self, key: str) -> None: ...
 
     def kv_capacity_tokens(self) -> int | None: ...
+
+
+class TurnRequest(NamedTuple):
+    """One turn to generate: the trajectory's key, its whole context (prompt + response so far), the budget."""
+    key: str
+    context_ids: list[int]
+    max_new_tokens: int
 
 
 def cut_at_stop(ids: list[int], stop_ids: set[int], max_new: int, pad_id: int | None = None) -> Generation:
@@ -63,18 +85,22 @@ class BatchingEngine:
                  max_linger_s: float | None = None):
         self.max_batch, self.kv_tokens, self.linger_s = max_batch, kv_tokens, linger_s
         self.max_linger_s = linger_s if max_linger_s is None else max_linger_s
-        self._queue: list[tuple[list[int], int, asyncio.Future]] = []
+        self._queue: list[tuple[TurnRequest, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self.batches = 0  # how many backend calls were made (for tests and benchmarks)
 
-    def _generate_batch(self, requests: list[tuple[list[int], int]]) -> list[Generation]:
+    def _generate_batch(self, requests: list[TurnRequest]) -> list[Generation]:
         raise NotImplementedError
 
     def kv_capacity_tokens(self) -> int | None:
         return self.kv_tokens
 
-    async def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
+    def release(self, key: str) -> None:
+        """The trajectory ``key`` has ended. Nothing is kept per trajectory here; a subclass that keeps state
+        (a trajectory's KV cache across turns) drops it."""
+
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         loop = asyncio.get_running_loop()
@@ -82,7 +108,7 @@ class BatchingEngine:
             self._wake = asyncio.Event()
             self._worker = loop.create_task(self._work())
         fut = loop.create_future()
-        self._queue.append((context_ids, max_new_tokens, fut))
+        self._queue.append((TurnRequest(key, context_ids, max_new_tokens), fut))
         self._wake.set()
         return await fut
 
@@ -100,14 +126,14 @@ class BatchingEngine:
             if not batch:
                 continue
             try:
-                outs = await asyncio.to_thread(self._generate_batch, [(ids, n) for ids, n, _ in batch])
+                outs = await asyncio.to_thread(self._generate_batch, [r for r, _ in batch])
             except Exception as e:  # every waiter sees the failure; the worker keeps serving
-                for *_, fut in batch:
+                for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
             self.batches += 1
-            for (*_, fut), out in zip(batch, outs):
+            for (_, fut), out in zip(batch, outs):
                 if not fut.done():
                     fut.set_result(out)
 
@@ -177,21 +203,22 @@ class HFEngine(BatchingEngine):
         device = getattr(self.model, "device", torch.device("cpu"))
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             if isinstance(self.model, PreTrainedModel):
-                new = decode_shrinking(self.model, [ids for ids, _ in requests], [n for _, n in requests],
+                new = decode_shrinking(self.model, [r.context_ids for r in requests],
+                                       [r.max_new_tokens for r in requests],
                                        self.tok.eos_token_id, pad, self.temperature, self.top_p)
             else:  # anything else that only offers generate() (scripted stand-ins in tests)
                 new = self._generate_padded(requests, pad)
-        return [cut_at_stop(row, {self.tok.eos_token_id}, n, pad) for row, (_, n) in zip(new, requests)]
+        return [cut_at_stop(row, {self.tok.eos_token_id}, r.max_new_tokens, pad) for row, r in zip(new, requests)]
 
     def _generate_padded(self, requests, pad):
         import torch
 
-        width = max(len(ids) for ids, _ in requests)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in requests])
-        attn = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in requests])
+        width = max(len(r.context_ids) for r in requests)
+        input_ids = torch.tensor([[pad] * (width - len(r.context_ids)) + r.context_ids for r in requests])
+        attn = torch.tensor([[0] * (width - len(r.context_ids)) + [1] * len(r.context_ids) for r in requests])
         sample = self.temperature > 0
         out = self.model.generate(input_ids=input_ids, attention_mask=attn,
-                                  max_new_tokens=max(n for _, n in requests), do_sample=sample,
+                                  max_new_tokens=max(r.max_new_tokens for r in requests), do_sample=sample,
                                   temperature=self.temperature if sample else None,
                                   top_p=self.top_p if sample else None, top_k=None,
                                   eos_token_id=self.tok.eos_token_id, pad_token_id=pad)
@@ -228,11 +255,11 @@ class VLLMEngine(BatchingEngine):
             return None
 
     def _generate_batch(self, requests):
-        params = [self.sp_cls(max_tokens=n, temperature=self.temperature, top_p=self.top_p,
-                              stop_token_ids=self.stop, skip_special_tokens=False) for _, n in requests]
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in requests], params, use_tqdm=False)
-        return [_normalise(list(o.outputs[0].token_ids), o.outputs[0].finish_reason, self.stop, n)
-                for o, (_, n) in zip(outs, requests)]
+        params = [self.sp_cls(max_tokens=r.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                              stop_token_ids=self.stop, skip_special_tokens=False) for r in requests]
+        outs = self.llm.generate([{"prompt_token_ids": r.context_ids} for r in requests], params, use_tqdm=False)
+        return [_normalise(list(o.outputs[0].token_ids), o.outputs[0].finish_reason, self.stop, r.max_new_tokens)
+                for o, r in zip(outs, requests)]
 
 
 def _normalise(ids: list[int], finish: str | None, stop: list[int], max_new: int) -> Generation:
@@ -304,7 +331,10 @@ class OpenAIEngine:
                 self.kv_tokens = None
         return self.kv_tokens
 
-    async def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
+    def release(self, key: str) -> None:
+        """Nothing to drop: the server's prefix cache evicts a finished trajectory's blocks by itself."""
+
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         body = {"model": self.model, "prompt": context_ids, "max_tokens": max_new_tokens,
                 "temperature": self.temperature, "top_p": self.top_p, "stop_token_ids": self.stop,
                 "skip_special_tokens": False, "return_token_ids": True, "n": 1}

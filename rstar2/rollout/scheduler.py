@@ -26,7 +26,8 @@ class Scheduler:
     """Runs trajectories to completion on ``engines`` through ``agent``.
 
     Args:
-        engines: objects with ``async generate(context_ids, max_new_tokens)`` and ``kv_capacity_tokens()``.
+        engines: ``engines.Engine`` objects (``async generate(key, context_ids, max_new_tokens)``,
+            ``release(key)``, ``kv_capacity_tokens()``).
         agent: the per-trajectory steps (AgentLoop).
         mode: "balanced" or "static".
         max_response_tokens: L, the response budget of one trajectory (tokens).
@@ -69,6 +70,13 @@ class Scheduler:
             k = 1  # an engine smaller than one full trajectory still makes progress (it preempts if it must)
         return max(min(k, room), 0)
 
+    async def _drive(self, t: Trajectory, engine) -> None:
+        """One trajectory to its end on ``engine``, which is told when it has ended (also on failure)."""
+        try:
+            await self.agent.run(t, engine)
+        finally:
+            engine.release(t.key)
+
     async def _run_balanced(self, trajs, progress) -> None:
         queue = deque(trajs)
         inflight: list[dict[int, Trajectory]] = [{} for _ in self.engines]  # by id(trajectory)
@@ -100,7 +108,7 @@ class Scheduler:
                             t = queue.popleft()
                             grants[i] -= 1
                             inflight[i][id(t)] = t
-                            task = asyncio.create_task(self.agent.run(t, self.engines[i]))
+                            task = asyncio.create_task(self._drive(t, self.engines[i]))
                             task.add_done_callback(lambda tk, i=i, t=t: on_done(tk, i, t))
                             tasks.add(task)
                             admitted[i] += 1
@@ -125,12 +133,19 @@ class Scheduler:
         counter = {"done": 0}
 
         async def run_share(engine, share):
-            while active := [t for t in share if not t.done]:
-                calls = await asyncio.gather(*(self.agent.generate_turn(t, engine) for t in active))  # barrier
-                await asyncio.gather(*(self.agent.run_tool_calls(t, c) for t, c in zip(active, calls) if c))
-                newly = sum(1 for t in active if t.done)
-                if newly and progress:
-                    counter["done"] += newly
-                    progress(counter["done"], len(trajs))
+            try:
+                while active := [t for t in share if not t.done]:
+                    calls = await asyncio.gather(*(self.agent.generate_turn(t, engine) for t in active))  # barrier
+                    await asyncio.gather(*(self.agent.run_tool_calls(t, c) for t, c in zip(active, calls) if c))
+                    newly = [t for t in active if t.done]
+                    for t in newly:
+                        engine.release(t.key)
+                    if newly and progress:
+                        counter["done"] += len(newly)
+                        progress(counter["done"], len(trajs))
+            finally:
+                for t in share:
+                    if not t.done:
+                        engine.release(t.key)
 
         await asyncio.gather(*(run_share(e, s) for e, s in zip(self.engines, shares) if s))

@@ -67,7 +67,7 @@ class SimEngine:
     (its whole context prefilled again), as vLLM does.
 
     Args:
-        policy: ``policy(context_ids, max_new) -> (key, turn_ids)``: what the model says (SimPolicy).
+        policy: ``policy(context_ids, max_new) -> (script key, turn_ids)``: what the model says (SimPolicy).
         chunk: tokens decoded between scheduling decisions (simulation granularity).
     """
     policy: object
@@ -89,8 +89,11 @@ class SimEngine:
     def kv_capacity_tokens(self) -> int:
         return self.kv_tokens
 
-    async def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
-        key, ids = self.policy(context_ids, max_new_tokens)
+    def release(self, key: str) -> None:
+        self._cache.pop(key, None)  # the trajectory has ended: its cached context may be evicted
+
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
+        _, ids = self.policy(context_ids, max_new_tokens)
         fut = asyncio.get_running_loop().create_future()
         self._waiting.append(_Req(key, len(context_ids), ids[:max_new_tokens], fut))
         if self._task is None:
