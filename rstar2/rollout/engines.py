@@ -1,6 +1,6 @@
 """Inference engines behind one async interface (paper §3.2; frameworks.md §4).
 
-An engine turns a token-id context into the next assistant turn (the ``Engine`` protocol):
+An engine turns a token-id context into the next assistant turn (the ``Engine`` protocol, protocol.py):
 
 - ``await engine.generate(key, context_ids, max_new_tokens) -> Generation(token_ids, finish_reason, logprobs)``:
   ``key`` names the trajectory (stable over all its turns, unique among live trajectories), so an engine may
@@ -26,35 +26,10 @@ vLLM is an optional GPU extra: nothing here imports it at module level.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
 
-
-@dataclass
-class Generation:
-    """One generated turn: new token ids (EOS included when finish_reason == "stop"); ``logprobs``, when the
-    engine reports them, has one sampling log-probability (natural log, of the distribution sampled from) per
-    token id."""
-    token_ids: list[int]
-    finish_reason: str  # "stop" | "length"
-    logprobs: list[float] | None = None
-
-
-class Engine(Protocol):
-    """What the scheduler and the agent loop need from an inference engine (see the module docstring)."""
-
-    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation: ...
-
-    def release(self, key: str) -> None: ...
-
-    def kv_capacity_tokens(self) -> int | None: ...
-
-
-class TurnRequest(NamedTuple):
-    """One turn to generate: the trajectory's key, its whole context (prompt + response so far), the budget."""
-    key: str
-    context_ids: list[int]
-    max_new_tokens: int
+from .protocol import Engine, Generation, TurnRequest, normalise_finish  # noqa: F401 (the protocol, re-exported)
+from .servers import OpenAIEngine, kv_tokens_from_metrics, server_engines  # noqa: F401 (importable from here)
+from .vllm_engines import StepVLLMEngine
 
 
 def cut_at_stop(ids: list[int], stop_ids: set[int], max_new: int, pad_id: int | None = None) -> Generation:
@@ -225,14 +200,6 @@ class HFEngine(BatchingEngine):
         return out[:, width:].tolist()
 
 
-def normalise_finish(ids: list[int], finish: str | None, stop: list[int], max_new: int) -> Generation:
-    """vLLM/OpenAI finish reasons -> ours. A turn stopped by a stop token ends with that token (servers
-    may leave it out of the ids; it is trained, spec §2.4)."""
-    if finish == "stop":
-        return Generation(ids if ids and ids[-1] in stop else ids + [stop[0]], "stop")
-    return Generation(ids[:max_new], "length")
-
-
 def engines_for_trainer(trainer, tok, temperature: float, top_p: float, max_batch: int = 16,
                         num_engines: int = 1, server_model: str | None = None) -> list:
     """The engines rollouts should use inside TRL's GRPOTrainer, on the vLLM whose weights TRL keeps in sync.
@@ -250,21 +217,9 @@ def engines_for_trainer(trainer, tok, temperature: float, top_p: float, max_batc
     if getattr(trainer, "use_vllm", False):
         args = trainer.args
         if args.vllm_mode == "colocate":
-            from .vllm_engines import StepVLLMEngine
-
             return [StepVLLMEngine(trainer.vllm_generation.llm, stop, temperature, top_p)]
-        from .servers import server_engines
-
         base = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
         return server_engines(base, server_model or trainer.model.config._name_or_path, stop, temperature, top_p)
     model = trainer.accelerator.unwrap_model(trainer.model)
     return [HFEngine(model, tok, temperature, top_p, max_batch=max_batch) for _ in range(num_engines)]
 
-
-def __getattr__(name: str):
-    """``OpenAIEngine`` and ``kv_tokens_from_metrics`` live in servers.py now; still importable from here."""
-    if name in ("OpenAIEngine", "kv_tokens_from_metrics"):
-        from . import servers
-
-        return getattr(servers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

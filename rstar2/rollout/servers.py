@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from .engines import Generation, normalise_finish
+from .protocol import Generation, normalise_finish
 
 _CACHE_INFO_RE = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.MULTILINE)
 

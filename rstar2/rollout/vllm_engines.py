@@ -26,7 +26,7 @@ import itertools
 import threading
 import weakref
 
-from .engines import Generation, normalise_finish
+from .protocol import Generation, normalise_finish
 
 _LOOPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # AsyncLLM -> the event loop it runs on
 _LOOPS_LOCK = threading.Lock()
