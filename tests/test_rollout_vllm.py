@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from rstar2.rollout import CentralDispatch, RolloutConfig, run_rollouts
-from rstar2.rollout.vllm_engines import AsyncVLLMEngine, StepVLLMEngine
+from rstar2.rollout.vllm_engines import AsyncVLLMEngine, StepVLLMEngine, start_async_llm
 
 from test_rollout_engines import _turns
 
@@ -67,6 +67,10 @@ class FakeAsyncLLM:
 
     def __init__(self, script, per_token_s=0.0):
         self.script, self.per_token_s, self.requests, self.loop = script, per_token_s, [], None
+        try:  # built inside a running loop, AsyncLLM starts its output handler on it
+            self.loop = asyncio.get_running_loop()
+        except RuntimeError:
+            pass
         cache = SimpleNamespace(kv_cache_size_tokens=48_000, num_gpu_blocks=100, block_size=16)
         self.vllm_config = SimpleNamespace(cache_config=cache)
 
@@ -103,6 +107,22 @@ def test_async_vllm_engine_rollouts_logprobs_and_one_event_loop(qwen_tokenizer):
     first, second = [ids for rid, ids in llm.requests if rid.startswith(t.key + "/")][-2:]  # the second phase's
     assert first == t.prompt_ids and second == t.prompt_ids + t.response_ids[: len(second) - len(t.prompt_ids)]
     assert "vllm" not in sys.modules
+
+
+def test_start_async_llm_builds_it_on_the_loop_it_runs_on(qwen_tokenizer):
+    tok = qwen_tokenizer
+
+    class Built(FakeAsyncLLM):
+        @classmethod
+        def from_engine_args(cls, engine_args, start_engine_loop=True, usage_context=None, stat_loggers=None):
+            assert engine_args == {"model": "m"}
+            return cls(_turns(tok))
+    llm = start_async_llm({"model": "m"}, Built)
+    assert llm.loop is not None  # it was built inside a running loop
+    eng = AsyncVLLMEngine(llm, [tok.eos_token_id], 1.0, 1.0, classes=CLASSES)
+    (t,) = run_rollouts(None, tok, [{"id": "p", "problem": "What is 6 times 7?", "answer": "42"}],
+                        RolloutConfig(max_response_tokens=400), engines=[eng])
+    assert t.reward == 1.0 and len(llm.requests) == 2  # generate's own assert: the loop it was built on
 
 
 def test_async_vllm_engine_returns_a_short_turn_without_waiting_for_a_long_one(qwen_tokenizer):

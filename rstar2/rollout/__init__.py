@@ -19,7 +19,7 @@ from .central import for_trainer as central_for_trainer
 from .engines import Generation, HFEngine, engines_for_trainer, inference_copy
 from .scheduler import Scheduler
 from .servers import OpenAIEngine, server_engines
-from .vllm_engines import AsyncVLLMEngine, StepVLLMEngine
+from .vllm_engines import AsyncVLLMEngine, StepVLLMEngine, start_async_llm
 
 __all__ = ["AgentLoop", "AsyncVLLMEngine", "CentralDispatch", "DelayedToolRunner", "Generation", "HFEngine",
            "OpenAIEngine", "Progress", "RolloutConfig", "Scheduler", "StepVLLMEngine", "ToolRunner", "Trajectory",
@@ -64,10 +64,9 @@ def default_engines(model, tok, cfg: RolloutConfig) -> list:
         path = model.config._name_or_path
         if path not in _VLLM_CACHE:
             from vllm import AsyncEngineArgs  # optional GPU extra
-            from vllm.v1.engine.async_llm import AsyncLLM
 
             args = AsyncEngineArgs(model=path, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
-            _VLLM_CACHE[path] = AsyncLLM.from_engine_args(args)
+            _VLLM_CACHE[path] = start_async_llm(args)
         return [AsyncVLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, cfg.kv_cache_tokens)]
     if hasattr(model, "eval"):
         model.eval()

@@ -22,6 +22,7 @@ vLLM is an optional GPU extra: it is imported only when an engine is built witho
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import threading
 import weakref
@@ -40,6 +41,31 @@ def kv_tokens_of(vllm_config) -> int | None:
         return int(tokens)
     blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
     return int(blocks) * int(size) if blocks and size else None
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="vllm-async", daemon=True).start()
+    return loop
+
+
+def start_async_llm(engine_args, async_llm_cls=None):
+    """Build a ``vllm.AsyncLLM`` from ``vllm.AsyncEngineArgs`` inside the event loop it will run on (as vLLM's own
+    server does), so its output handler starts there at once; ``AsyncVLLMEngine`` on it uses that loop.
+
+    Raises:
+        ImportError: vLLM is not installed and no ``async_llm_cls`` was given.
+    """
+    if async_llm_cls is None:
+        from vllm.v1.engine.async_llm import AsyncLLM as async_llm_cls  # optional GPU extra
+
+    async def build():
+        return async_llm_cls.from_engine_args(engine_args)
+    loop = _new_loop()
+    llm = asyncio.run_coroutine_threadsafe(build(), loop).result()
+    with _LOOPS_LOCK:
+        _LOOPS[llm] = loop
+    return llm
 
 
 def vllm_classes():
@@ -68,6 +94,12 @@ def to_generation(output, stop: list[int], max_new: int) -> Generation:
     return gen
 
 
+def _current_cuda_device() -> int | None:
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
 class _Sampling:
     """The per-turn ``SamplingParams`` shared by both engines."""
 
@@ -90,7 +122,7 @@ class AsyncVLLMEngine(_Sampling):
     (vLLM aborts it).
 
     Args:
-        llm: a ``vllm.AsyncLLM`` (``AsyncLLM.from_engine_args(AsyncEngineArgs(...))``).
+        llm: a ``vllm.AsyncLLM`` (``start_async_llm(AsyncEngineArgs(...))``, or one not used on any loop yet).
         stop_token_ids: ids that end a turn. temperature, top_p: sampling.
         kv_tokens: KV capacity override; None = vLLM's own (``kv_tokens_of(llm.vllm_config)``).
         classes: ``(SamplingParams, RequestOutputKind.FINAL_ONLY)``; None = import vLLM (tests inject fakes).
@@ -112,9 +144,8 @@ class AsyncVLLMEngine(_Sampling):
 
     def _engine_loop(self) -> asyncio.AbstractEventLoop:
         with _LOOPS_LOCK:
-            if self.llm not in _LOOPS:
-                _LOOPS[self.llm] = loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="vllm-async", daemon=True).start()
+            if self.llm not in _LOOPS:  # an AsyncLLM built elsewhere, not yet used: it binds to this loop
+                _LOOPS[self.llm] = _new_loop()
             return _LOOPS[self.llm]
 
     async def _turn(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
@@ -127,12 +158,17 @@ class AsyncVLLMEngine(_Sampling):
     async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        fut = asyncio.run_coroutine_threadsafe(self._turn(key, context_ids, max_new_tokens), self._engine_loop())
+        fut = self.submit(self._turn(key, context_ids, max_new_tokens))
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
             fut.cancel()
             raise
+
+    def submit(self, coro) -> "concurrent.futures.Future":
+        """Run ``coro`` on the event loop this engine's AsyncLLM is bound to (for callers that also use the
+        AsyncLLM directly, e.g. a bare-vLLM throughput baseline)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._engine_loop())
 
     def shutdown(self) -> None:
         """Shut vLLM down and stop its event loop (every engine on this AsyncLLM is unusable afterwards)."""
@@ -169,6 +205,7 @@ class StepVLLMEngine(_Sampling):
         self._thread: threading.Thread | None = None
         self._closing = False
         self.steps = 0                              # engine steps run (tests, benchmarks)
+        self._cuda_device = _current_cuda_device()  # the worker thread must step on the GPU the LLM was built on
 
     def kv_capacity_tokens(self) -> int | None:
         return self.kv_tokens if self.kv_tokens is not None else kv_tokens_of(self.llm.llm_engine.vllm_config)
@@ -209,6 +246,10 @@ class StepVLLMEngine(_Sampling):
         loop.call_soon_threadsafe(settle)
 
     def _work(self) -> None:
+        if self._cuda_device is not None:  # a new thread's current CUDA device is 0, whatever this process uses
+            import torch
+
+            torch.cuda.set_device(self._cuda_device)
         engine = self.llm.llm_engine
         while True:
             with self._cv:
