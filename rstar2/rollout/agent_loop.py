@@ -24,9 +24,9 @@ class RolloutConfig:
     """Sampling, loop limits and rollout-engine settings. Token counts are in the policy tokenizer's tokens.
 
     batch_size: most sequences one engine runs in one forward batch (transformers engine).
-    engine: "hf" (transformers ``generate`` on the policy), "vllm" (an in-process ``vllm.LLM`` on the
-        model's folder; GPU extra) or "server" (one OpenAI-compatible vLLM server per ``server_urls``
-        entry, serving ``server_model``).
+    engine: "hf" (transformers ``generate`` on the policy), "vllm" (an in-process ``vllm.AsyncLLM`` on the
+        model's folder; GPU extra) or "server" (OpenAI-compatible vLLM servers at ``server_urls``, one engine per
+        data-parallel rank, serving ``server_model``).
     num_engines: engine instances for "hf" (replicas sharing one model object).
     scheduler: "balanced" (KV-aware admission, no per-turn barrier; paper §3.2) or "static" (even split,
         per-turn barrier; the baseline the paper improves on).
