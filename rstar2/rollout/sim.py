@@ -67,8 +67,9 @@ class SimEngine:
     (its whole context prefilled again), as vLLM does.
 
     ``batch_barrier=True`` models the former in-process vLLM engine, one blocking ``llm.generate`` call per
-    batch: waiting requests (up to ``max_batch``) start only when the running batch has finished entirely, so a
-    short turn that arrives during a long one waits for it, and a batch lasts as long as its longest turn.
+    batch: waiting requests (up to ``max_batch``) start only when the running batch has finished entirely, and a
+    batch's turns are all handed back when its longest one ends; so a short turn waits for the long ones of its
+    batch, and a turn that arrives meanwhile waits for the whole batch.
 
     Args:
         policy: ``policy(key, context_ids, max_new) -> turn_ids``: what the model says (SimPolicy).
