@@ -276,3 +276,32 @@ def test_central_dispatch_runs_every_process_on_one_scheduler(qwen_tokenizer):
     [th.start() for th in threads]
     [th.join(60) for th in threads]
     assert isinstance(errors[0], ValueError) and "engine down" in str(errors[1])
+
+
+def test_trainer_engines_colocate_drive_trls_llm_step_by_step(qwen_tokenizer, monkeypatch):
+    """TRL colocate mode: the engine is a StepVLLMEngine on TRL's own vllm.LLM (TRL keeps its weights in sync)."""
+    from rstar2.rollout import engines_for_trainer
+    from rstar2.rollout import vllm_engines
+
+    monkeypatch.setattr(vllm_engines, "vllm_classes", lambda: CLASSES)
+    llm = SimpleNamespace(llm_engine=FakeLLMEngine(_turns(qwen_tokenizer)))
+    trainer = SimpleNamespace(use_vllm=True, args=SimpleNamespace(vllm_mode="colocate"),
+                              vllm_generation=SimpleNamespace(llm=llm))
+    (eng,) = engines_for_trainer(trainer, qwen_tokenizer, 0.7, 0.9)
+    assert isinstance(eng, StepVLLMEngine) and eng.llm is llm and eng.params(8).temperature == 0.7
+    (t,) = run_rollouts(None, qwen_tokenizer, [{"id": "p", "problem": "What is 6 times 7?", "answer": "42"}],
+                        RolloutConfig(max_response_tokens=400), engines=[eng])
+    assert t.reward == 1.0 and "vllm" not in sys.modules
+
+
+def test_central_dispatch_only_for_several_processes_on_servers():
+    from rstar2.rollout import central_for_trainer
+
+    def trainer(mode, n):
+        acc = SimpleNamespace(num_processes=n, process_index=n - 1)
+        return SimpleNamespace(use_vllm=True, args=SimpleNamespace(vllm_mode=mode), accelerator=acc)
+    assert central_for_trainer(trainer("server", 1)) is None
+    assert central_for_trainer(trainer("colocate", 4)) is None  # each process's LLM lives in that process
+    assert central_for_trainer(SimpleNamespace(use_vllm=False, accelerator=None)) is None
+    c = central_for_trainer(trainer("server", 4))
+    assert (c.index, c.count) == (3, 4)
