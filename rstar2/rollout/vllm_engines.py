@@ -31,6 +31,7 @@ from .protocol import Generation, normalise_finish
 
 _LOOPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # AsyncLLM -> the event loop it runs on
 _LOOPS_LOCK = threading.Lock()
+_REQUESTS = itertools.count()  # request ids "<trajectory key>/<n>" never repeat in a process (keys can, across phases)
 
 
 def kv_tokens_of(vllm_config) -> int | None:
@@ -134,7 +135,6 @@ class AsyncVLLMEngine(_Sampling):
                  kv_tokens: int | None = None, classes=None):
         super().__init__(stop_token_ids, temperature, top_p, classes)
         self.llm, self.kv_tokens = llm, kv_tokens
-        self._turns = itertools.count()
 
     def kv_capacity_tokens(self) -> int | None:
         return self.kv_tokens if self.kv_tokens is not None else kv_tokens_of(getattr(self.llm, "vllm_config", None))
@@ -151,7 +151,7 @@ class AsyncVLLMEngine(_Sampling):
     async def _turn(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         final = None
         async for out in self.llm.generate({"prompt_token_ids": context_ids}, self.params(max_new_tokens),
-                                           f"{key}/{next(self._turns)}"):
+                                           f"{key}/{next(_REQUESTS)}"):
             final = out  # FINAL_ONLY: one output, when the turn is finished
         return to_generation(final, self.stop, max_new_tokens)
 
@@ -165,7 +165,7 @@ class AsyncVLLMEngine(_Sampling):
             fut.cancel()
             raise
 
-    def submit(self, coro) -> "concurrent.futures.Future":
+    def submit(self, coro) -> concurrent.futures.Future:
         """Run ``coro`` on the event loop this engine's AsyncLLM is bound to (for callers that also use the
         AsyncLLM directly, e.g. a bare-vLLM throughput baseline)."""
         return asyncio.run_coroutine_threadsafe(coro, self._engine_loop())
@@ -198,7 +198,6 @@ class StepVLLMEngine(_Sampling):
                  kv_tokens: int | None = None, classes=None):
         super().__init__(stop_token_ids, temperature, top_p, classes)
         self.llm, self.kv_tokens = llm, kv_tokens
-        self._turns = itertools.count()
         self._cv = threading.Condition()
         self._inbox: list[tuple] = []               # ("add", id, context, params) | ("abort", id)
         self._waiters: dict[str, tuple] = {}        # request id -> (event loop, future, max_new_tokens)
@@ -217,7 +216,7 @@ class StepVLLMEngine(_Sampling):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         loop = asyncio.get_running_loop()
-        fut, rid = loop.create_future(), f"{key}/{next(self._turns)}"
+        fut, rid = loop.create_future(), f"{key}/{next(_REQUESTS)}"
         with self._cv:
             if self._thread is None:
                 self._closing = False
