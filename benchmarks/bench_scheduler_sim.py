@@ -1,9 +1,16 @@
-"""Simulation: rollout makespan and engine idle fraction, static allocation vs the KV-aware balanced
-scheduler (paper §3.2, Fig. 7), on a heavy-tailed multi-turn workload.
+"""Simulation: rollout makespan and engine idle fraction on one heavy-tailed multi-turn workload, three ways
+(paper §3.2, Fig. 7):
+
+- ``static``: even split, all start at once, a barrier per turn (VERL v0.2, the baseline the paper replaces);
+- ``barrier``: the balanced scheduler on engines that run one blocking call per batch (the former in-process
+  vLLM engine: ``llm.generate`` per batch, so a turn that finishes early waits for its batch's longest turn);
+- ``balanced``: the balanced scheduler (KV reserved per trajectory, one queue over all engines) on
+  continuous-batching engines (in-process ``AsyncLLM``, a ``vllm serve`` rank, TRL's LLM driven step by step).
 
 The REAL ``Scheduler`` and ``AgentLoop`` run (parsing tool calls, appending masked tool tokens, shared
 token budget); only the engines (``rollout.sim.SimEngine``: modelled decode speed, KV capacity, recompute
-preemption), the tools (``SimToolRunner``: scripted latency) and the clock (virtual) are simulated.
+preemption, optionally one blocking call per batch), the tools (``SimToolRunner``: scripted latency) and the
+clock (virtual) are simulated.
 
 Workload (defaults: one paper-scale RL step, 64 prompts x 32 rollouts = 2048 trajectories on 16 engines):
 - response length per trajectory: lognormal, mean ~3K tokens (the paper's averages grow 1K -> 8K over
@@ -44,11 +51,12 @@ def workload(n: int, budget: int, max_turns: int, seed: int) -> list[list[SimTur
 
 def simulate(mode: str, scripts, tok, n_engines: int, budget: int, max_turns: int, kv_tokens: int) -> dict:
     policy = SimPolicy(tok, scripts)
-    engines = [SimEngine(policy, kv_tokens=kv_tokens) for _ in range(n_engines)]
-    cfg = RolloutConfig(max_response_tokens=budget, max_turns=max_turns, scheduler=mode)
+    engines = [SimEngine(policy, kv_tokens=kv_tokens, batch_barrier=mode == "barrier") for _ in range(n_engines)]
+    sched_mode = "static" if mode == "static" else "balanced"
+    cfg = RolloutConfig(max_response_tokens=budget, max_turns=max_turns, scheduler=sched_mode)
     agent = AgentLoop(tok, cfg, SimToolRunner())
     trajs = [agent.new_trajectory({"id": i, "problem": f"Problem sim-{i}."}) for i in range(len(scripts))]
-    sched = Scheduler(engines, agent, mode, budget, max_inflight=10_000)
+    sched = Scheduler(engines, agent, sched_mode, budget, max_inflight=None)
 
     async def main():
         try:
@@ -61,6 +69,7 @@ def simulate(mode: str, scripts, tok, n_engines: int, budget: int, max_turns: in
     return {"mode": mode, "makespan_s": makespan, "idle_mean": statistics.mean(idle), "idle_max": max(idle),
             "tokens_per_s": sum(e.tokens_out for e in engines) / makespan,
             "preemptions": sum(e.preemptions for e in engines),
+            "kv_peak": max(e.peak_kv_used / e.kv_tokens for e in engines),
             "finished": sum(t.finish_reason in ("answer", "max_turns", "budget") for t in trajs),
             "tool_calls": sum(len(t.tool_calls) for t in trajs),
             "truncated": sum(t.truncated for t in trajs)}
@@ -83,17 +92,20 @@ def main() -> None:
           f"budget {a.budget}, T={a.max_turns}; generated tokens mean {statistics.mean(lens):.0f} / p50 "
           f"{statistics.median(lens):.0f} / max {max(lens)}; tool calls mean {statistics.mean(calls):.2f} / max {max(calls)}")
     rows = []
-    for mode in ("static", "balanced"):
+    for mode in ("static", "barrier", "balanced"):
         t0 = time.time()
         r = simulate(mode, scripts, tok, a.engines, a.budget, a.max_turns, a.kv_tokens)
         r["wall_s"] = time.time() - t0
         rows.append(r)
     print(f"\n{'mode':<10}{'makespan (s)':>14}{'idle mean':>11}{'idle max':>10}{'tok/s':>10}{'preempt':>9}"
-          f"{'calls':>8}{'trunc':>7}{'sim wall (s)':>14}")
+          f"{'KV peak':>9}{'calls':>8}{'trunc':>7}{'sim wall (s)':>14}")
     for r in rows:
         print(f"{r['mode']:<10}{r['makespan_s']:>14.1f}{r['idle_mean']:>11.1%}{r['idle_max']:>10.1%}"
-              f"{r['tokens_per_s']:>10.0f}{r['preemptions']:>9}{r['tool_calls']:>8}{r['truncated']:>7}{r['wall_s']:>14.1f}")
-    print(f"\nspeed-up (static / balanced makespan): {rows[0]['makespan_s'] / rows[1]['makespan_s']:.2f}x")
+              f"{r['tokens_per_s']:>10.0f}{r['preemptions']:>9}{r['kv_peak']:>9.0%}{r['tool_calls']:>8}"
+              f"{r['truncated']:>7}{r['wall_s']:>14.1f}")
+    by = {r["mode"]: r["makespan_s"] for r in rows}
+    print(f"\nmakespan, static / balanced: {by['static'] / by['balanced']:.2f}x; "
+          f"per-batch barrier / balanced: {by['barrier'] / by['balanced']:.2f}x")
 
 
 if __name__ == "__main__":

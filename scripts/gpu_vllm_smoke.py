@@ -9,8 +9,11 @@ arithmetic problems, and checks, exiting non-zero on the first failure:
    ``[rl] vLLM weights synced at step N`` lines for steps 0 and 1); metrics, rollout records and the model
    are written; when an update happened, the weights changed.
 2. ``rstar2 evaluate`` on the RL stage's model with ``rollout.engine: vllm``: one benchmark, 2 samples each.
-3. The in-process ``VLLMEngine`` through the agent loop and both schedulers: KV capacity read from vLLM,
-   every trajectory well-formed. With ``--server``: the same through ``vllm serve`` and ``OpenAIEngine``.
+3. The in-process engines through the agent loop: ``AsyncVLLMEngine`` on a ``vllm.AsyncLLM`` with both
+   schedulers (KV capacity read from vLLM, every trajectory well-formed, sampling log-probabilities aligned
+   with the response), its rollout throughput against bare AsyncLLM on the same prompts (goal >= 0.8x), then
+   ``StepVLLMEngine`` on a ``vllm.LLM`` (the colocated path of step 1). With ``--server``: the same checks
+   through ``vllm serve`` and ``server_engines`` (one ``OpenAIEngine`` per data-parallel rank).
 
 Usage: ``python scripts/gpu_vllm_smoke.py [--server] [--n 8] [--out DIR]``; prints one line per check and
 ``SMOKE OK in N s`` at the end.
@@ -19,6 +22,7 @@ Usage: ``python scripts/gpu_vllm_smoke.py [--server] [--n 8] [--out DIR]``; prin
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import socket
@@ -129,29 +133,82 @@ def eval_smoke(work: Path, model_dir: Path) -> None:
     print(f"[eval] OK: {json.dumps(summary['benchmarks']['smoke'])[:300]}", flush=True)
 
 
+def check_logprobs(trajs, label: str) -> None:
+    """vLLM engines return the sampled tokens' log-probabilities, aligned with the response tokens."""
+    bad = [t for t in trajs if t.response_logprobs is None or len(t.response_logprobs) != len(t.response_ids)
+           or any(lp > 0 for lp in t.response_logprobs)]
+    if bad:
+        fail(f"[{label}] {len(bad)} trajectories without aligned sampling log-probabilities")
+
+
+def throughput(eng, llm, tok, problems, cfg) -> None:
+    """Rollout tokens/s of our loop (one turn per trajectory, the scheduler and AsyncVLLMEngine) against bare
+    AsyncLLM on the same prompts and sampling, all requests at once (the issue's goal: ours >= 0.8x)."""
+    from vllm import SamplingParams
+
+    from rstar2.rollout import AgentLoop, RolloutConfig, run_rollouts
+
+    one_turn = RolloutConfig(max_response_tokens=cfg.max_response_tokens, max_turns=1, temperature=cfg.temperature,
+                             top_p=cfg.top_p)
+    many = problems * 8
+    t0 = time.time()
+    trajs = run_rollouts(None, tok, many, one_turn, engines=[eng], reward_fn=lambda f, g: {"pred": None, "reward": 0.0})
+    ours = sum(t.num_generated_tokens for t in trajs) / (time.time() - t0)
+    prompts = [AgentLoop(tok, one_turn, None).new_trajectory(p).prompt_ids for p in many]
+    sp = SamplingParams(max_tokens=one_turn.max_response_tokens, temperature=one_turn.temperature, top_p=one_turn.top_p,
+                        stop_token_ids=[tok.eos_token_id], skip_special_tokens=False)
+
+    async def bare():
+        async def one(i, ids):
+            final = None
+            async for out in llm.generate({"prompt_token_ids": ids}, sp, f"bare-{i}"):
+                final = out
+            return len(final.outputs[0].token_ids)
+        return sum(await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompts))))
+    t0 = time.time()
+    tokens = eng.submit(bare()).result()
+    base = tokens / (time.time() - t0)
+    print(f"[engine] throughput on {len(many)} one-turn rollouts: our loop {ours:.0f} tok/s, bare AsyncLLM "
+          f"{base:.0f} tok/s, ratio {ours / base:.2f} (goal >= 0.8)", flush=True)
+
+
 def engine_smoke(model_dir: Path, n: int, server: bool) -> None:
     import vllm
 
     from rstar2 import models
-    from rstar2.rollout import RolloutConfig, VLLMEngine, run_rollouts
-    from rstar2.rollout.engines import OpenAIEngine
+    from rstar2.rollout import AsyncVLLMEngine, RolloutConfig, StepVLLMEngine, run_rollouts, server_engines
+    from rstar2.rollout.vllm_engines import start_async_llm
 
     model, tok = models.load(str(model_dir))
     problems = [{"id": f"p{i}", "problem": f"What is {i + 2} times {i + 3}?", "answer": str((i + 2) * (i + 3))}
                 for i in range(n)]
     cfg = RolloutConfig(max_response_tokens=512, max_turns=3, temperature=1.0)
     stop = [tok.eos_token_id]
-    llm = vllm.LLM(model=str(model_dir), gpu_memory_utilization=0.3, max_model_len=4096, enable_prefix_caching=True)
-    eng = VLLMEngine(llm, stop, cfg.temperature, cfg.top_p)
+    llm = start_async_llm(vllm.AsyncEngineArgs(
+        model=str(model_dir), gpu_memory_utilization=0.3, max_model_len=4096, enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs"))
+    eng = AsyncVLLMEngine(llm, stop, cfg.temperature, cfg.top_p)
     kv = eng.kv_capacity_tokens()
-    print(f"[engine] in-process vLLM: KV capacity {kv} tokens", flush=True)
+    print(f"[engine] in-process AsyncLLM: KV capacity {kv} tokens", flush=True)
     if not kv:
-        fail("KV capacity not readable from vllm.LLM")
+        fail("KV capacity not readable from AsyncLLM")
     for mode in ("balanced", "static"):
         cfg.scheduler = mode
         t1 = time.time()
-        check_trajs(run_rollouts(model, tok, problems, cfg, engines=[eng]), f"vllm in-process, {mode}, "
-                    f"{time.time() - t1:.1f}s")
+        trajs = run_rollouts(model, tok, problems, cfg, engines=[eng])
+        check_trajs(trajs, f"AsyncLLM, {mode}, {time.time() - t1:.1f}s")
+        check_logprobs(trajs, f"AsyncLLM, {mode}")
+    cfg.scheduler = "balanced"
+    throughput(eng, llm, tok, problems, cfg)
+    eng.shutdown()
+    del llm, eng
+    # the colocated path of RL: a vllm.LLM driven step by step (step 1 above ran it inside TRL too)
+    llm = vllm.LLM(model=str(model_dir), gpu_memory_utilization=0.3, max_model_len=4096, enable_prefix_caching=True,
+                   logprobs_mode="processed_logprobs")
+    eng = StepVLLMEngine(llm, stop, cfg.temperature, cfg.top_p)
+    trajs = run_rollouts(model, tok, problems, cfg, engines=[eng])
+    check_trajs(trajs, f"vllm.LLM step by step ({eng.steps} engine steps)")
+    check_logprobs(trajs, "vllm.LLM step by step")
     del llm, eng
     if not server:
         return
@@ -160,7 +217,8 @@ def engine_smoke(model_dir: Path, n: int, server: bool) -> None:
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                              "--served-model-name", "policy", "--host", "127.0.0.1", "--port", str(port),
-                             "--gpu-memory-utilization", "0.3", "--max-model-len", "4096"])
+                             "--gpu-memory-utilization", "0.3", "--max-model-len", "4096",
+                             "--logprobs-mode", "processed_logprobs"])
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):
@@ -169,9 +227,12 @@ def engine_smoke(model_dir: Path, n: int, server: bool) -> None:
                 break
             except OSError:
                 time.sleep(1)
-        eng = OpenAIEngine(url, "policy", stop, cfg.temperature, cfg.top_p)
-        print(f"[engine] vllm serve: KV capacity from /metrics {eng.kv_capacity_tokens()} tokens", flush=True)
-        check_trajs(run_rollouts(model, tok, problems, cfg, engines=[eng]), "vllm serve + OpenAIEngine")
+        engines = server_engines(url, "policy", stop, cfg.temperature, cfg.top_p)
+        print(f"[engine] vllm serve: {len(engines)} engine(s), KV capacity from /metrics "
+              f"{[e.kv_capacity_tokens() for e in engines]} tokens", flush=True)
+        trajs = run_rollouts(model, tok, problems, cfg, engines=engines)
+        check_trajs(trajs, "vllm serve + OpenAIEngine")
+        check_logprobs(trajs, "vllm serve + OpenAIEngine")
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from rstar2.data.benchmarks import ANSWER_TYPES, DEFAULT_BENCHMARKS, LETTERS, answer_type, load_benchmark
+from rstar2.data.benchmarks import ANSWER_TYPE_RULES, DEFAULT_BENCHMARKS, LETTERS, answer_type, load_benchmark
 from rstar2.grading import score_trajectory
 
 GPQA_COLUMNS = ["Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
@@ -34,7 +34,7 @@ def test_bundled_benchmarks_declare_their_answer_types():
         "aime24": "integer", "aime25": "integer", "amc23": "integer", "math500": "math"}
     rows = load_benchmark("aime25")
     assert len(rows) == 30 and {r["answer_type"] for r in rows} == {"integer"}
-    assert set(ANSWER_TYPES) == {"integer", "math", "choice"}
+    assert set(ANSWER_TYPE_RULES) == {"integer", "math", "choice"}
     with pytest.raises(ValueError, match="answer_type"):
         answer_type({"answer_type": "free text"})
 

@@ -100,7 +100,8 @@ def test_config_errors_and_trainer_engines(qwen_tokenizer):
     import pytest
 
     from rstar2.rollout import engines_for_trainer
-    from rstar2.rollout.engines import HFEngine, OpenAIEngine
+    from rstar2.rollout.engines import HFEngine
+    from rstar2.rollout.servers import OpenAIEngine
 
     with pytest.raises(ValueError, match="rollout.scheduler"):
         RolloutConfig(scheduler="fifo")

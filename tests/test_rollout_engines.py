@@ -1,19 +1,18 @@
-"""Engines: transformers batching, the OpenAI-compatible client against a fake vLLM server on loopback,
-and the in-process vLLM engine against a fake ``LLM`` (vLLM itself is never imported)."""
+"""Engines: transformers batching, and the OpenAI-compatible client (one engine per data-parallel rank) against a
+fake vLLM server on loopback. The in-process vLLM engines are in test_rollout_vllm.py."""
 
 import asyncio
 import json
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rstar2 import chat
 from rstar2.rollout import RolloutConfig, run_rollouts
-from rstar2.rollout.engines import HFEngine, OpenAIEngine, VLLMEngine, kv_tokens_from_metrics
+from rstar2.rollout.engines import HFEngine
+from rstar2.rollout.servers import OpenAIEngine, kv_tokens_from_metrics, server_engines, server_kv_from_metrics
 
 
 class BatchScriptedModel:
@@ -52,7 +51,7 @@ def test_hf_engine_batches_concurrent_requests_and_cuts_rows(qwen_tokenizer):
     prompt = tok.encode("hello", add_special_tokens=False)
 
     async def main():
-        outs = await asyncio.gather(*(eng.generate(prompt, n) for n in (200, 200, 200, 200, 5)))
+        outs = await asyncio.gather(*(eng.generate(f"t{i}", prompt, n) for i, n in enumerate((200, 200, 200, 200, 5))))
         await eng.aclose()
         return outs
     outs = asyncio.run(main())
@@ -72,7 +71,7 @@ def test_hf_engine_lingers_while_requests_keep_arriving(qwen_tokenizer, max_ling
 
     async def staggered(i):
         await asyncio.sleep(0.01 * i)
-        return await eng.generate(prompt, 50)
+        return await eng.generate(f"t{i}", prompt, 50)
 
     async def main():
         outs = await asyncio.gather(*(staggered(i) for i in range(4)))
@@ -93,10 +92,12 @@ def test_hf_engine_rollouts_balanced_and_static_agree(qwen_tokenizer):
 
 
 class _FakeVLLM(BaseHTTPRequestHandler):
-    """A loopback stand-in for ``vllm serve``: /v1/completions with token ids in and out, and /metrics."""
+    """A loopback stand-in for ``vllm serve``: /v1/completions with token ids in and out (and the sampled tokens'
+    log-probabilities when asked), /metrics with one cache_config_info line per data-parallel engine."""
     script = None
     requests: list = []
     omit_eos = False
+    dp_engines = 1
 
     def log_message(self, *a):
         pass
@@ -111,13 +112,19 @@ class _FakeVLLM(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/metrics":
-            self._send(200, '# HELP x\nvllm:cache_config_info{block_size="16",cache_dtype="auto",'
-                            'num_gpu_blocks="1000"} 1.0\nvllm:num_requests_running 0.0\n', "text/plain")
+            if type(self).dp_engines == 1:  # a server without the per-engine labels
+                text = 'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="1000"} 1.0\n'
+            else:  # vllm 0.31.0 with --data-parallel-size: the frontend's summed blocks, per-engine tokens
+                n = type(self).dp_engines
+                text = "".join(f'vllm:cache_config_info{{block_size="16",engine="{r}",kv_cache_size_tokens="9000",'
+                               f'num_gpu_blocks="{1000 * n}"}} 1.0\n' for r in range(n))
+            self._send(200, "# HELP x\n" + text + "vllm:num_requests_running 0.0\n", "text/plain")
         else:
             self._send(404, {"error": "not found"})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body["_rank"] = self.headers.get("X-data-parallel-rank")
         type(self).requests.append(body)
         if self.path != "/v1/completions" or not all(isinstance(i, int) for i in body["prompt"]):
             return self._send(400, {"error": "bad request"})
@@ -126,12 +133,15 @@ class _FakeVLLM(BaseHTTPRequestHandler):
         ids = ids[: body["max_tokens"]]
         if finish == "stop" and type(self).omit_eos:
             ids = ids[:-1]
-        self._send(200, {"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": finish}]})
+        lps = None if body.get("logprobs") is None else {"token_logprobs": [-0.5] * len(ids),
+                                                          "tokens": [f"token_id:{i}" for i in ids]}
+        self._send(200, {"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": finish,
+                                      "logprobs": lps}]})
 
 
 @pytest.fixture
 def fake_server(qwen_tokenizer):
-    _FakeVLLM.script, _FakeVLLM.requests, _FakeVLLM.omit_eos = _turns(qwen_tokenizer), [], False
+    _FakeVLLM.script, _FakeVLLM.requests, _FakeVLLM.omit_eos, _FakeVLLM.dp_engines = _turns(qwen_tokenizer), [], False, 1
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVLLM)
     th = threading.Thread(target=server.serve_forever, daemon=True)
     th.start()
@@ -144,7 +154,7 @@ def fake_server(qwen_tokenizer):
 def test_openai_engine_rollouts_against_fake_vllm_server(qwen_tokenizer, fake_server, omit_eos):
     tok = qwen_tokenizer
     _FakeVLLM.omit_eos = omit_eos
-    eng = OpenAIEngine(fake_server, "policy", [tok.eos_token_id], temperature=0.6)
+    eng = OpenAIEngine(fake_server, "policy", [tok.eos_token_id], temperature=0.6, top_p=1.0)
     assert eng.kv_capacity_tokens() == 16_000
     problems = [{"id": f"p{i}", "problem": "What is 6 times 7?", "answer": "42"} for i in range(3)]
     trajs = run_rollouts(None, tok, problems, RolloutConfig(max_response_tokens=400), engines=[eng])
@@ -154,6 +164,9 @@ def test_openai_engine_rollouts_against_fake_vllm_server(qwen_tokenizer, fake_se
     first = _FakeVLLM.requests[0]
     assert first["prompt"] == t.prompt_ids and first["return_token_ids"] is True
     assert first["temperature"] == 0.6 and first["stop_token_ids"] == [tok.eos_token_id]
+    assert first["logprobs"] == 0 and first["_rank"] is None
+    # the server's log-probs are kept only where they cover every returned id (not when we appended the EOS)
+    assert (t.response_logprobs is None) == omit_eos
     # the second turn's context is exactly prompt + first turn + masked tool turn: ids appended, not re-tokenised
     second = [r for r in _FakeVLLM.requests if len(r["prompt"]) > len(t.prompt_ids)][0]
     assert second["prompt"] == t.prompt_ids + t.response_ids[: len(second["prompt"]) - len(t.prompt_ids)]
@@ -161,11 +174,11 @@ def test_openai_engine_rollouts_against_fake_vllm_server(qwen_tokenizer, fake_se
 
 def test_openai_engine_budget_cut_and_server_errors(qwen_tokenizer, fake_server):
     tok = qwen_tokenizer
-    eng = OpenAIEngine(fake_server, "policy", [tok.eos_token_id])
+    eng = OpenAIEngine(fake_server, "policy", [tok.eos_token_id], 1.0, 1.0)
     (t,) = run_rollouts(None, tok, [{"id": "p", "problem": "q", "answer": "42"}], RolloutConfig(max_response_tokens=10),
                         engines=[eng])
     assert t.finish_reason == "budget" and t.tool_calls == [] and t.reward == 0.0
-    bad = OpenAIEngine(fake_server + "/nowhere", "policy", [tok.eos_token_id], kv_tokens=1000)
+    bad = OpenAIEngine(fake_server + "/nowhere", "policy", [tok.eos_token_id], 1.0, 1.0, kv_tokens=1000)
     with pytest.raises(RuntimeError, match=r"nowhere/v1/completions: HTTP 400"):
         run_rollouts(None, tok, [{"id": "p", "problem": "q"}], RolloutConfig(), engines=[bad])
 
@@ -173,34 +186,26 @@ def test_openai_engine_budget_cut_and_server_errors(qwen_tokenizer, fake_server)
 def test_kv_tokens_from_metrics():
     assert kv_tokens_from_metrics('vllm:cache_config_info{block_size="16",num_gpu_blocks="10"} 1.0') == 160
     assert kv_tokens_from_metrics("vllm:num_requests_running 0.0") is None
+    two = ('vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="None",num_gpu_blocks="20"} 1\n'
+           'vllm:cache_config_info{block_size="16",engine="1",kv_cache_size_tokens="None",num_gpu_blocks="20"} 1\n')
+    assert server_kv_from_metrics(two) == (160, ["0", "1"])  # summed blocks split over the engines
 
 
-def test_vllm_engine_with_a_fake_llm(qwen_tokenizer):
+def test_server_engines_one_per_data_parallel_rank_and_sticky(qwen_tokenizer, fake_server):
+    """A server with 3 data-parallel engines: 3 engines with the per-engine KV of /metrics; every turn of a
+    trajectory goes to the same rank (X-data-parallel-rank), and the scheduler uses all ranks."""
     tok = qwen_tokenizer
-    script = _turns(tok)
-
-    class FakeLLM:
-        def __init__(self):
-            self.calls = []
-            cache = SimpleNamespace(num_gpu_blocks=100, block_size=16)
-            self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache))
-
-        def generate(self, prompts, params, use_tqdm=False):
-            self.calls.append(len(prompts))
-            outs = []
-            for p, sp in zip(prompts, params):
-                ids = script(p["prompt_token_ids"])
-                fin = "stop" if len(ids) <= sp["max_tokens"] else "length"
-                outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids[: sp["max_tokens"]], finish_reason=fin)]))
-            return outs
-
-    llm = FakeLLM()
-    eng = VLLMEngine(llm, [tok.eos_token_id], sampling_params_cls=dict)
-    assert eng.kv_capacity_tokens() == 1600
-    problems = [{"id": f"p{i}", "problem": "What is 6 times 7?", "answer": "42"} for i in range(4)]
-    trajs = run_rollouts(None, tok, problems, RolloutConfig(max_response_tokens=400), engines=[eng])
-    assert [t.reward for t in trajs] == [1.0] * 4
-    assert sum(llm.calls) == 8 and "vllm" not in sys.modules
+    _FakeVLLM.dp_engines = 3
+    engines = server_engines(fake_server, "policy", [tok.eos_token_id], 1.0, 1.0)
+    assert [(e.dp_rank, e.kv_capacity_tokens()) for e in engines] == [(0, 9000), (1, 9000), (2, 9000)]
+    problems = [{"id": f"p{i}", "problem": f"Problem {i}: what is 6 times 7?", "answer": "42"} for i in range(6)]
+    trajs = run_rollouts(None, tok, problems, RolloutConfig(max_response_tokens=400), engines=engines)
+    assert [t.reward for t in trajs] == [1.0] * 6
+    for t in trajs:  # both turns of each trajectory went to one rank
+        turns = [r for r in _FakeVLLM.requests if r["prompt"][:len(t.prompt_ids)] == t.prompt_ids]
+        assert len(turns) == 2 and turns[0]["_rank"] == turns[1]["_rank"] is not None
+    assert {r["_rank"] for r in _FakeVLLM.requests} == {"0", "1", "2"}
+    assert server_engines("http://127.0.0.1:9", "policy", [0], 1.0, 1.0)[0].dp_rank is None  # no server: one
 
 
 def test_run_rollouts_grades_with_the_given_answer_type(qwen_tokenizer):

@@ -338,7 +338,8 @@ class RolloutFunc:
         for q in uniq:
             meta = self.answers[q]
             problems += [{"id": meta["id"], "problem": q, "answer": meta["answer"]}] * self.n_draw
-        kw = {"engines": engines} if engines is not None else {}
+        # server mode with several processes: the main process's scheduler runs every process's groups (issue 21)
+        kw = {"engines": engines, "central": rollout_lib.central_for_trainer(trainer)} if engines is not None else {}
         # rl_data keeps integer-answer problems only (the paper's curation), so the reward is the integer grader's
         trajs = rollout_lib.run_rollouts(model, tok, problems, self.rcfg, answer_type="integer",
                                          progress=rollout_lib.Progress(f"rollout step {self.step}"), **kw)

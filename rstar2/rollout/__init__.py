@@ -14,12 +14,17 @@ from typing import Callable
 from .. import sandbox
 from .agent_loop import (AgentLoop, DelayedToolRunner, Progress, RolloutConfig, ToolConfig, ToolRunner,
                          Trajectory, grade_all)
-from .engines import Generation, HFEngine, OpenAIEngine, VLLMEngine, engines_for_trainer, inference_copy
+from .central import CentralDispatch, run_centrally
+from .central import for_trainer as central_for_trainer
+from .engines import Generation, HFEngine, engines_for_trainer, inference_copy
 from .scheduler import Scheduler
+from .servers import OpenAIEngine, server_engines
+from .vllm_engines import AsyncVLLMEngine, StepVLLMEngine, start_async_llm
 
-__all__ = ["AgentLoop", "DelayedToolRunner", "Generation", "HFEngine", "Progress", "RolloutConfig", "Scheduler",
-           "ToolConfig", "ToolRunner", "Trajectory", "default_engines", "engines_for_trainer", "grade_all",
-           "run_async", "run_rollouts", "sample_groups"]
+__all__ = ["AgentLoop", "AsyncVLLMEngine", "CentralDispatch", "DelayedToolRunner", "Generation", "HFEngine",
+           "OpenAIEngine", "Progress", "RolloutConfig", "Scheduler", "StepVLLMEngine", "ToolConfig", "ToolRunner",
+           "Trajectory", "central_for_trainer", "default_engines", "engines_for_trainer", "grade_all", "run_async",
+           "run_rollouts", "sample_groups", "server_engines"]
 
 
 def run_async(coro):
@@ -47,18 +52,22 @@ _VLLM_CACHE: dict = {}
 
 
 def default_engines(model, tok, cfg: RolloutConfig) -> list:
-    """The engines ``cfg.engine`` names (see RolloutConfig). An in-process vLLM is built once per model folder."""
+    """The engines ``cfg.engine`` names (see RolloutConfig): "server" = one engine per data-parallel rank of each
+    server in ``cfg.server_urls``; "vllm" = an in-process ``vllm.AsyncLLM``, built once per model folder (prefix
+    caching on; log-probabilities of the processed distribution, the one sampled from); "hf" = HFEngine replicas."""
     stop = [tok.eos_token_id]
     if cfg.engine == "server":
-        return [OpenAIEngine(url, cfg.server_model or model.config._name_or_path, stop, cfg.temperature, cfg.top_p,
-                             cfg.kv_cache_tokens) for url in cfg.server_urls]
+        name = cfg.server_model or model.config._name_or_path
+        return [e for url in cfg.server_urls
+                for e in server_engines(url, name, stop, cfg.temperature, cfg.top_p, cfg.kv_cache_tokens)]
     if cfg.engine == "vllm":
         path = model.config._name_or_path
         if path not in _VLLM_CACHE:
-            from vllm import LLM  # optional GPU extra
+            from vllm import AsyncEngineArgs  # optional GPU extra
 
-            _VLLM_CACHE[path] = LLM(model=path, enable_prefix_caching=True)
-        return [VLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, kv_tokens=cfg.kv_cache_tokens)]
+            args = AsyncEngineArgs(model=path, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
+            _VLLM_CACHE[path] = start_async_llm(args)
+        return [AsyncVLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, cfg.kv_cache_tokens)]
     if hasattr(model, "eval"):
         model.eval()
     decoder = inference_copy(model, cfg.precision)
@@ -70,7 +79,7 @@ def default_engines(model, tok, cfg: RolloutConfig) -> list:
 def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=None, *, engines: list | None = None,
                  tools: ToolRunner | None = None,
                  reward_fn: Callable[[str, str], dict] | None = None,
-                 answer_type: str = "math") -> list[Trajectory]:
+                 answer_type: str = "math", central: CentralDispatch | None = None) -> list[Trajectory]:
     """Roll out one trajectory per entry of ``problems`` and grade it.
 
     Args:
@@ -84,9 +93,16 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
         answer_type: the grader of the default path (``grading.ANSWER_TYPES``); RL data is integer-answer.
         reward_fn: ``(final_turn_text, gold) -> {"pred", "reward"}``; default: grading.score_trajectory in the
             killable grading workers. Truncated trajectories score 0 without it.
+        central: several training processes share one scheduler (``central.run_centrally``): every process
+            calls with its own problems, process 0 rolls out all of them on ``engines`` (which every process must
+            reach, e.g. vLLM servers) and each process gets its own trajectories back.
     Returns:
         Trajectories in input order, graded (those without ``answer`` are not graded).
     """
+    if central is not None and central.count > 1:
+        return run_centrally(problems, lambda every: run_rollouts(
+            model, tok, every, cfg, progress, engines=engines, tools=tools, reward_fn=reward_fn,
+            answer_type=answer_type), central)
     owned_tools = tools is None
     if tools is None:
         tools = sandbox.shared_client(cfg.tool.limits())

@@ -1,38 +1,35 @@
 """Inference engines behind one async interface (paper §3.2; frameworks.md §4).
 
-An engine turns a token-id context into the next assistant turn:
-``await engine.generate(context_ids, max_new_tokens) -> Generation(token_ids, finish_reason)``, where
-``finish_reason`` is "stop" (the turn ended with the EOS/stop token, which is included in ``token_ids``)
-or "length" (cut by ``max_new_tokens`` or the model's context). ``kv_capacity_tokens()`` reports the
-engine's KV-cache size in tokens, or None when it has no fixed cache; the scheduler admits trajectories
-against it. Many coroutines may call ``generate`` at once; the engine batches them.
+An engine turns a token-id context into the next assistant turn (the ``Engine`` protocol, protocol.py):
 
-- ``HFEngine``: transformers ``generate`` (CPU or GPU) on the live policy, so it never needs a weight sync.
-- ``VLLMEngine``: an in-process ``vllm.LLM`` (e.g. the one TRL's colocate mode keeps in sync with the policy).
-- ``OpenAIEngine``: an OpenAI-compatible ``/v1/completions`` server (``vllm serve`` or ``trl vllm-serve``,
-  whose weights TRL's ``VLLMClient`` updates), token ids in and out.
+- ``await engine.generate(key, context_ids, max_new_tokens) -> Generation(token_ids, finish_reason, logprobs)``:
+  ``key`` names the trajectory (stable over all its turns, unique among live trajectories), so an engine may
+  keep per-trajectory state between turns (its KV cache, a server it is pinned to); ``finish_reason`` is
+  "stop" (the turn ended with the EOS/stop token, which is included in ``token_ids``) or "length" (cut by
+  ``max_new_tokens`` or the model's context); ``logprobs`` are the sampling log-probabilities of
+  ``token_ids`` where the engine reports them (vLLM), else None.
+- ``engine.release(key)``: the trajectory has ended (the scheduler calls it once, after its last turn, also on
+  failure); per-trajectory state may go.
+- ``engine.kv_capacity_tokens()``: the engine's KV-cache size in tokens (from its own metrics), or None when
+  it has no fixed cache; the scheduler admits trajectories against it and holds the reservations.
+
+Many coroutines may call ``generate`` at once; the engine batches them.
+
+- ``HFEngine`` (here): transformers ``generate`` (CPU or GPU) on the live policy, so it never needs a weight sync.
+- ``vllm_engines.AsyncVLLMEngine``: an in-process ``vllm.AsyncLLM``; ``vllm_engines.StepVLLMEngine``: a
+  ``vllm.LLM`` driven step by step (the one TRL's colocate mode keeps in sync with the policy).
+- ``servers.OpenAIEngine``: an OpenAI-compatible ``/v1/completions`` server (``vllm serve`` or
+  ``trl vllm-serve``, whose weights TRL's ``VLLMClient`` updates), or one data-parallel rank of it.
 vLLM is an optional GPU extra: nothing here imports it at module level.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-from dataclasses import dataclass
-from typing import Protocol
 
-
-@dataclass
-class Generation:
-    """One generated turn: new token ids (EOS included when finish_reason == "stop")."""
-    token_ids: list[int]
-    finish_reason: str  # "stop" | "length"
-
-
-class Engine(Protocol):
-    async def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation: ...
-
-    def kv_capacity_tokens(self) -> int | None: ...
+from .protocol import Engine, Generation, TurnRequest, normalise_finish  # noqa: F401 (the protocol, re-exported)
+from .servers import OpenAIEngine, kv_tokens_from_metrics, server_engines  # noqa: F401 (importable from here)
+from .vllm_engines import StepVLLMEngine
 
 
 def cut_at_stop(ids: list[int], stop_ids: set[int], max_new: int, pad_id: int | None = None) -> Generation:
@@ -63,18 +60,22 @@ class BatchingEngine:
                  max_linger_s: float | None = None):
         self.max_batch, self.kv_tokens, self.linger_s = max_batch, kv_tokens, linger_s
         self.max_linger_s = linger_s if max_linger_s is None else max_linger_s
-        self._queue: list[tuple[list[int], int, asyncio.Future]] = []
+        self._queue: list[tuple[TurnRequest, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self.batches = 0  # how many backend calls were made (for tests and benchmarks)
 
-    def _generate_batch(self, requests: list[tuple[list[int], int]]) -> list[Generation]:
+    def _generate_batch(self, requests: list[TurnRequest]) -> list[Generation]:
         raise NotImplementedError
 
     def kv_capacity_tokens(self) -> int | None:
         return self.kv_tokens
 
-    async def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
+    def release(self, key: str) -> None:
+        """The trajectory ``key`` has ended. Nothing is kept per trajectory here; a subclass that keeps state
+        (a trajectory's KV cache across turns) drops it."""
+
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         loop = asyncio.get_running_loop()
@@ -82,7 +83,7 @@ class BatchingEngine:
             self._wake = asyncio.Event()
             self._worker = loop.create_task(self._work())
         fut = loop.create_future()
-        self._queue.append((context_ids, max_new_tokens, fut))
+        self._queue.append((TurnRequest(key, context_ids, max_new_tokens), fut))
         self._wake.set()
         return await fut
 
@@ -100,14 +101,14 @@ class BatchingEngine:
             if not batch:
                 continue
             try:
-                outs = await asyncio.to_thread(self._generate_batch, [(ids, n) for ids, n, _ in batch])
+                outs = await asyncio.to_thread(self._generate_batch, [r for r, _ in batch])
             except Exception as e:  # every waiter sees the failure; the worker keeps serving
-                for *_, fut in batch:
+                for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
             self.batches += 1
-            for (*_, fut), out in zip(batch, outs):
+            for (_, fut), out in zip(batch, outs):
                 if not fut.done():
                     fut.set_result(out)
 
@@ -177,150 +178,26 @@ class HFEngine(BatchingEngine):
         device = getattr(self.model, "device", torch.device("cpu"))
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             if isinstance(self.model, PreTrainedModel):
-                new = decode_shrinking(self.model, [ids for ids, _ in requests], [n for _, n in requests],
+                new = decode_shrinking(self.model, [r.context_ids for r in requests],
+                                       [r.max_new_tokens for r in requests],
                                        self.tok.eos_token_id, pad, self.temperature, self.top_p)
             else:  # anything else that only offers generate() (scripted stand-ins in tests)
                 new = self._generate_padded(requests, pad)
-        return [cut_at_stop(row, {self.tok.eos_token_id}, n, pad) for row, (_, n) in zip(new, requests)]
+        return [cut_at_stop(row, {self.tok.eos_token_id}, r.max_new_tokens, pad) for row, r in zip(new, requests)]
 
     def _generate_padded(self, requests, pad):
         import torch
 
-        width = max(len(ids) for ids, _ in requests)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in requests])
-        attn = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in requests])
+        width = max(len(r.context_ids) for r in requests)
+        input_ids = torch.tensor([[pad] * (width - len(r.context_ids)) + r.context_ids for r in requests])
+        attn = torch.tensor([[0] * (width - len(r.context_ids)) + [1] * len(r.context_ids) for r in requests])
         sample = self.temperature > 0
         out = self.model.generate(input_ids=input_ids, attention_mask=attn,
-                                  max_new_tokens=max(n for _, n in requests), do_sample=sample,
+                                  max_new_tokens=max(r.max_new_tokens for r in requests), do_sample=sample,
                                   temperature=self.temperature if sample else None,
                                   top_p=self.top_p if sample else None, top_k=None,
                                   eos_token_id=self.tok.eos_token_id, pad_token_id=pad)
         return out[:, width:].tolist()
-
-
-class VLLMEngine(BatchingEngine):
-    """An in-process ``vllm.LLM`` (vLLM continues batching inside each call).
-
-    Args:
-        llm: a ``vllm.LLM``; for RL pass the colocated one TRL keeps in sync with the policy
-            (``trainer.vllm_generation.llm`` in TRL 1.16), so weight sync stays TRL's job.
-        stop_token_ids: ids that end a turn (the tokenizer's EOS, ``<|im_end|>``).
-        sampling_params_cls: ``vllm.SamplingParams`` (imported on first use; injectable for tests).
-    Raises:
-        ImportError: vLLM is not installed and no ``sampling_params_cls`` was given.
-    """
-
-    def __init__(self, llm, stop_token_ids: list[int], temperature: float = 1.0, top_p: float = 1.0,
-                 max_batch: int = 256, kv_tokens: int | None = None, sampling_params_cls=None):
-        super().__init__(max_batch, kv_tokens, linger_s=0.01)
-        if sampling_params_cls is None:
-            from vllm import SamplingParams as sampling_params_cls  # optional GPU extra
-        self.llm, self.stop, self.sp_cls = llm, list(stop_token_ids), sampling_params_cls
-        self.temperature, self.top_p = temperature, top_p
-
-    def kv_capacity_tokens(self) -> int | None:
-        if self.kv_tokens is not None:
-            return self.kv_tokens
-        try:  # vLLM's engine knows its block count once the cache is allocated
-            cfg = self.llm.llm_engine.vllm_config.cache_config
-            return int(cfg.num_gpu_blocks) * int(cfg.block_size)
-        except (AttributeError, TypeError):
-            return None
-
-    def _generate_batch(self, requests):
-        params = [self.sp_cls(max_tokens=n, temperature=self.temperature, top_p=self.top_p,
-                              stop_token_ids=self.stop, skip_special_tokens=False) for _, n in requests]
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in requests], params, use_tqdm=False)
-        return [_normalise(list(o.outputs[0].token_ids), o.outputs[0].finish_reason, self.stop, n)
-                for o, (_, n) in zip(outs, requests)]
-
-
-def _normalise(ids: list[int], finish: str | None, stop: list[int], max_new: int) -> Generation:
-    """vLLM/OpenAI finish reasons -> ours. A turn stopped by a stop token ends with that token (servers
-    may leave it out of the ids; it is trained, spec §2.4)."""
-    if finish == "stop":
-        return Generation(ids if ids and ids[-1] in stop else ids + [stop[0]], "stop")
-    return Generation(ids[:max_new], "length")
-
-
-_CACHE_INFO_RE = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.MULTILINE)
-
-
-def kv_tokens_from_metrics(text: str) -> int | None:
-    """KV-cache size in tokens from a vLLM server's Prometheus ``/metrics`` (``num_gpu_blocks * block_size``)."""
-    m = _CACHE_INFO_RE.search(text)
-    if not m:
-        return None
-    labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-    try:
-        return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
-    except (KeyError, ValueError):
-        return None
-
-
-class OpenAIEngine:
-    """Client for an OpenAI-compatible completions server (``vllm serve`` / ``trl vllm-serve``).
-
-    Sends the context as token ids (``prompt: [ids]``) and asks for the generated ids back
-    (``return_token_ids``, vLLM >= 0.10.2), so nothing is re-tokenised. All requests are in flight at
-    once; the server batches them. Weights: with ``trl vllm-serve``, TRL's ``VLLMClient`` pushes the
-    policy's weights to the same server before each step.
-
-    Args:
-        base_url: e.g. ``http://127.0.0.1:8000`` (no ``/v1``). model: the served model name.
-        stop_token_ids: ids that end a turn. kv_tokens: override; None = read ``/metrics`` once.
-    Raises (from ``generate``):
-        RuntimeError: the server answered with an error status or without token ids.
-    """
-
-    def __init__(self, base_url: str, model: str, stop_token_ids: list[int], temperature: float = 1.0,
-                 top_p: float = 1.0, kv_tokens: int | None = None, timeout_s: float = 600.0,
-                 max_connections: int = 256):
-        self.base_url, self.model, self.stop = base_url.rstrip("/"), model, list(stop_token_ids)
-        self.temperature, self.top_p, self.kv_tokens = temperature, top_p, kv_tokens
-        self.timeout_s, self.max_connections = timeout_s, max_connections
-        self._client = None
-        self._metrics_read = kv_tokens is not None
-
-    def _http(self):
-        import httpx
-
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s,
-                                             limits=httpx.Limits(max_connections=self.max_connections))
-            self._client_loop = loop
-        return self._client
-
-    def kv_capacity_tokens(self) -> int | None:
-        if not self._metrics_read:
-            import httpx
-
-            self._metrics_read = True
-            try:
-                r = httpx.get(f"{self.base_url}/metrics", timeout=10.0)
-                self.kv_tokens = kv_tokens_from_metrics(r.text) if r.status_code == 200 else None
-            except httpx.HTTPError:
-                self.kv_tokens = None
-        return self.kv_tokens
-
-    async def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
-        body = {"model": self.model, "prompt": context_ids, "max_tokens": max_new_tokens,
-                "temperature": self.temperature, "top_p": self.top_p, "stop_token_ids": self.stop,
-                "skip_special_tokens": False, "return_token_ids": True, "n": 1}
-        r = await self._http().post("/v1/completions", json=body)
-        if r.status_code != 200:
-            raise RuntimeError(f"{self.base_url}/v1/completions: HTTP {r.status_code}: {r.text[:300]}")
-        choice = r.json()["choices"][0]
-        if choice.get("token_ids") is None:
-            raise RuntimeError(f"{self.base_url}: the completion has no 'token_ids'; the server must support "
-                               "return_token_ids (vLLM >= 0.10.2)")
-        return _normalise(list(choice["token_ids"]), choice.get("finish_reason"), self.stop, max_new_tokens)
-
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
 
 
 def engines_for_trainer(trainer, tok, temperature: float, top_p: float, max_batch: int = 16,
@@ -329,17 +206,20 @@ def engines_for_trainer(trainer, tok, temperature: float, top_p: float, max_batc
 
     The caller syncs first: TRL's own ``rollout_func`` path calls ``vllm_generation.sync_weights()`` before
     each call (trl 1.16 ``GRPOTrainer._generate``), ``RoCGRPOTrainer`` does the same before its rollouts. Then:
-    colocate mode -> ``VLLMEngine`` on TRL's own ``vllm.LLM``; server mode (``trl vllm-serve``) ->
-    ``OpenAIEngine`` on the same server, asking for ``server_model`` (None = the policy's folder name, which is
-    what ``trl vllm-serve --model FOLDER`` serves); no vLLM -> ``HFEngine`` replicas on the live (unwrapped)
-    policy, which need no sync at all.
+    colocate mode -> ``StepVLLMEngine`` on TRL's own ``vllm.LLM`` (this process's GPU); server mode
+    (``trl vllm-serve``) -> one ``OpenAIEngine`` per data-parallel rank of the same server
+    (``servers.server_engines``), asking for ``server_model`` (None = the policy's folder name, which is what
+    ``trl vllm-serve --model FOLDER`` serves); no vLLM -> ``HFEngine`` replicas on the live (unwrapped) policy,
+    which need no sync at all. With several training processes in server mode, ``central.for_trainer`` lets the
+    main process's scheduler run every process's trajectories on these engines.
     """
     stop = [tok.eos_token_id]
     if getattr(trainer, "use_vllm", False):
         args = trainer.args
         if args.vllm_mode == "colocate":
-            return [VLLMEngine(trainer.vllm_generation.llm, stop, temperature, top_p)]
+            return [StepVLLMEngine(trainer.vllm_generation.llm, stop, temperature, top_p)]
         base = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
-        return [OpenAIEngine(base, server_model or trainer.model.config._name_or_path, stop, temperature, top_p)]
+        return server_engines(base, server_model or trainer.model.config._name_or_path, stop, temperature, top_p)
     model = trainer.accelerator.unwrap_model(trainer.model)
     return [HFEngine(model, tok, temperature, top_p, max_batch=max_batch) for _ in range(num_engines)]
+

@@ -1,11 +1,19 @@
 """Rollout scheduling over several inference engines (paper §3.2, Fig. 7; spec §4).
 
-``balanced`` (the paper's design): each engine is given K = floor(free KV tokens / (prompt + L))
-trajectories, where L is the response budget and free KV is the engine's KV capacity minus the context
-its in-flight trajectories hold now. Every trajectory runs as its own task on its engine (sticky, so a
-prefix cache keeps its earlier turns); its tool calls are dispatched the moment its turn ends, with no
-per-turn barrier; when a trajectory finishes, the freed capacity is refilled from the queue at once.
-Engines without a fixed KV size are filled up to ``max_inflight`` trajectories, least loaded first.
+``balanced`` (the paper's design): admission is KV-aware. A trajectory may grow to prompt + L tokens (L, the
+response budget, counts tool-response tokens too), so admitting it **reserves** that many tokens of its
+engine's KV cache until it ends. Engine i may take K_i = floor(free_i / (prompt + L)) more trajectories, with
+free_i = its KV capacity (from the engine's own metrics, or ``kv_cache_tokens``) minus what its trajectories
+reserve; the reservations together never exceed the capacity, so the engine never has to preempt. (Subtracting
+the context the trajectories hold *now* over-commits: they keep growing after admission.)
+
+One queue serves all engines: a new trajectory goes to the engine with the most room (least outstanding work,
+as verl's router), where engines within one trajectory of the most prefer the one already holding the same
+prompt (its group's prefix); it then stays there for all its turns (sticky: the engine keeps its prefix). Its
+tool calls go out the moment a turn ends, with no per-turn barrier; when it ends, its reservation is returned,
+the engine is told (``release``) and the queue refills the room at once. An idle engine therefore takes the
+next queued trajectory while a full one works. Engines without a fixed KV size are limited by
+``max_inflight`` trajectories only.
 
 ``static`` (the baseline the paper replaces, VERL v0.2): trajectories are split evenly across engines up
 front, all start at once, and each engine advances its share turn by turn: every turn ends at a barrier
@@ -16,7 +24,7 @@ turn waits for the slowest of them.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from typing import Callable
 
 from .agent_loop import AgentLoop, Trajectory
@@ -26,25 +34,35 @@ class Scheduler:
     """Runs trajectories to completion on ``engines`` through ``agent``.
 
     Args:
-        engines: objects with ``async generate(context_ids, max_new_tokens)`` and ``kv_capacity_tokens()``.
+        engines: ``engines.Engine`` objects (``async generate(key, context_ids, max_new_tokens)``,
+            ``release(key)``, ``kv_capacity_tokens()``).
         agent: the per-trajectory steps (AgentLoop).
         mode: "balanced" or "static".
         max_response_tokens: L, the response budget of one trajectory (tokens).
         kv_cache_tokens: overrides every engine's reported KV capacity (tokens); None = ask the engine.
-        max_inflight: cap on trajectories per engine (always applies; the only cap without a KV size).
+        max_inflight: cap on trajectories per engine (always applies; the only cap without a KV size); None = none.
+    Attributes (balanced mode, for tests and benchmarks):
+        admissions: (engine index, trajectories admitted) per admission wave.
+        reserved: KV tokens each engine's live trajectories reserve now; peak_reserved: the most ever.
+        placements: trajectory key -> engine index.
     Raises:
         ValueError: no engines or an unknown mode.
     """
 
-    def __init__(self, engines: list, agent: AgentLoop, mode: str = "balanced", max_response_tokens: int = 512,
-                 kv_cache_tokens: int | None = None, max_inflight: int = 256):
+    def __init__(self, engines: list, agent: AgentLoop, mode: str, max_response_tokens: int,
+                 kv_cache_tokens: int | None = None, max_inflight: int | None = None):
         if not engines:
             raise ValueError("the scheduler needs at least one engine")
         if mode not in ("balanced", "static"):
             raise ValueError(f"scheduler mode must be 'balanced' or 'static', got {mode!r}")
         self.engines, self.agent, self.mode = list(engines), agent, mode
         self.L, self.kv_override, self.max_inflight = max_response_tokens, kv_cache_tokens, max_inflight
-        self.admissions: list[tuple[int, int]] = []  # (engine index, K admitted) per admission wave
+        n = len(self.engines)
+        self.admissions: list[tuple[int, int]] = []
+        self.reserved, self.peak_reserved = [0] * n, [0] * n
+        self.placements: dict[str, int] = {}
+        self._live: list[int] = [0] * n                       # trajectories on each engine now
+        self._prompts: list[Counter] = [Counter() for _ in range(n)]  # prompt -> live trajectories with it
 
     async def run(self, trajs: list[Trajectory], progress: Callable[[int, int], None] | None = None) -> list[Trajectory]:
         """Drive every trajectory to its end; returns them in input order. Errors in any trajectory propagate."""
@@ -55,30 +73,64 @@ class Scheduler:
         return trajs
 
     def capacity(self, i: int) -> int | None:
+        """Engine ``i``'s KV capacity in tokens (the override, else the engine's report; None = no fixed size)."""
         return self.kv_override if self.kv_override is not None else self.engines[i].kv_capacity_tokens()
 
-    def slots(self, i: int, inflight: dict[int, Trajectory], need: int) -> int:
-        """How many more trajectories engine ``i`` takes now: K = free KV // (prompt + L), capped by max_inflight."""
-        room = self.max_inflight - len(inflight)
+    def need(self, t: Trajectory) -> int:
+        """KV tokens one trajectory may come to hold: prompt + L (tool-response tokens are inside L)."""
+        return len(t.prompt_ids) + self.L
+
+    def room(self, i: int, need: int) -> int:
+        """How many more trajectories of ``need`` tokens engine ``i`` takes now: K = unreserved KV // need,
+        capped by ``max_inflight``. An engine holding nothing takes one even when it is smaller than ``need``
+        (it would preempt rather than never make progress)."""
+        k = self.max_inflight - self._live[i] if self.max_inflight is not None else 1 << 30
         cap = self.capacity(i)
-        if cap is None:
-            return max(room, 0)
-        free = cap - sum(t.context_tokens for t in inflight.values())
-        k = free // need
-        if k < 1 and not inflight:
-            k = 1  # an engine smaller than one full trajectory still makes progress (it preempts if it must)
-        return max(min(k, room), 0)
+        if cap is not None:
+            fit = (cap - self.reserved[i]) // need
+            k = min(k, fit if self._live[i] else max(fit, 1))
+        return max(k, 0)
+
+    def place(self, t: Trajectory) -> int | None:
+        """The engine a new trajectory goes to, or None while none has room (see the module docstring)."""
+        need = self.need(t)
+        rooms = [self.room(i, need) for i in range(len(self.engines))]
+        best = max(rooms)
+        if best < 1:
+            return None
+        near = [i for i, r in enumerate(rooms) if r >= max(best - 1, 1)]
+        prompt = tuple(t.prompt_ids)
+        near = [i for i in near if self._prompts[i][prompt]] or near
+        return max(near, key=lambda i: (rooms[i], -self._live[i], -i))
+
+    def _hold(self, i: int, t: Trajectory) -> None:
+        self.reserved[i] += self.need(t)
+        self.peak_reserved[i] = max(self.peak_reserved[i], self.reserved[i])
+        self._live[i] += 1
+        self._prompts[i][tuple(t.prompt_ids)] += 1
+        self.placements[t.key] = i
+
+    def _free(self, i: int, t: Trajectory) -> None:
+        self.reserved[i] -= self.need(t)
+        self._live[i] -= 1
+        self._prompts[i][tuple(t.prompt_ids)] -= 1
+
+    async def _drive(self, t: Trajectory, engine) -> None:
+        """One trajectory to its end on ``engine``, which is told when it has ended (also on failure)."""
+        try:
+            await self.agent.run(t, engine)
+        finally:
+            engine.release(t.key)
 
     async def _run_balanced(self, trajs, progress) -> None:
         queue = deque(trajs)
-        inflight: list[dict[int, Trajectory]] = [{} for _ in self.engines]  # by id(trajectory)
         tasks: set[asyncio.Task] = set()
         wake = asyncio.Event()
         finished = [0, 0]  # completed, reported
         failures: list[BaseException] = []
 
         def on_done(task: asyncio.Task, i: int, t: Trajectory) -> None:
-            inflight[i].pop(id(t), None)
+            self._free(i, t)
             tasks.discard(task)
             if not task.cancelled() and task.exception() is not None:
                 failures.append(task.exception())
@@ -87,24 +139,15 @@ class Scheduler:
 
         try:
             while queue or tasks:
-                # admission wave: per engine K from its free KV now, most free first, until the queue is empty
-                grants = []
-                for i in range(len(self.engines)):
-                    need = (len(queue[0].prompt_ids) if queue else 0) + self.L
-                    grants.append(self.slots(i, inflight[i], need) if queue else 0)
-                admitted = [0] * len(self.engines)
-                order = sorted(range(len(self.engines)), key=lambda i: (-grants[i], len(inflight[i])))
-                while queue and any(grants):
-                    for i in order:
-                        if grants[i] and queue:
-                            t = queue.popleft()
-                            grants[i] -= 1
-                            inflight[i][id(t)] = t
-                            task = asyncio.create_task(self.agent.run(t, self.engines[i]))
-                            task.add_done_callback(lambda tk, i=i, t=t: on_done(tk, i, t))
-                            tasks.add(task)
-                            admitted[i] += 1
-                self.admissions += [(i, k) for i, k in enumerate(admitted) if k]
+                admitted = Counter()
+                while queue and (i := self.place(queue[0])) is not None:  # FIFO: the queue's head goes first
+                    t = queue.popleft()
+                    self._hold(i, t)
+                    task = asyncio.create_task(self._drive(t, self.engines[i]))
+                    task.add_done_callback(lambda tk, i=i, t=t: on_done(tk, i, t))
+                    tasks.add(task)
+                    admitted[i] += 1
+                self.admissions += sorted(admitted.items())
                 if not tasks:
                     raise RuntimeError("no engine can take a trajectory")  # unreachable: an idle engine takes one
                 await wake.wait()
@@ -125,12 +168,19 @@ class Scheduler:
         counter = {"done": 0}
 
         async def run_share(engine, share):
-            while active := [t for t in share if not t.done]:
-                calls = await asyncio.gather(*(self.agent.generate_turn(t, engine) for t in active))  # barrier
-                await asyncio.gather(*(self.agent.run_tool_calls(t, c) for t, c in zip(active, calls) if c))
-                newly = sum(1 for t in active if t.done)
-                if newly and progress:
-                    counter["done"] += newly
-                    progress(counter["done"], len(trajs))
+            try:
+                while active := [t for t in share if not t.done]:
+                    calls = await asyncio.gather(*(self.agent.generate_turn(t, engine) for t in active))  # barrier
+                    await asyncio.gather(*(self.agent.run_tool_calls(t, c) for t, c in zip(active, calls) if c))
+                    newly = [t for t in active if t.done]
+                    for t in newly:
+                        engine.release(t.key)
+                    if newly and progress:
+                        counter["done"] += len(newly)
+                        progress(counter["done"], len(trajs))
+            finally:
+                for t in share:
+                    if not t.done:
+                        engine.release(t.key)
 
         await asyncio.gather(*(run_share(e, s) for e, s in zip(self.engines, shares) if s))
