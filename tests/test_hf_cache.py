@@ -23,7 +23,7 @@ def _stop_after(model, stop: int, every: int):
         out = forward(*a, **kw)
         pos = kw["position_ids"][:, -1]
         hit = (pos % every) == every - 1
-        out.logits[hit, -1, stop] = out.logits[hit, -1].max(dim=-1).values + 1.0
+        out.logits[hit, -1, stop] = out.logits[hit, -1].max(dim=-1).values + 50.0
         return out
     model.forward = patched
     return model
@@ -102,3 +102,45 @@ def test_per_row_streams_sample_the_same_tokens_cached_or_reprefilled_and_in_any
     assert alone == full[3:] and reordered == full[::-1]
     other_seed = decode_shrinking(model, prompts, limits, stop, 0, 1.0, 1.0, streams=(8, names))
     assert other_seed != full
+
+
+def test_hf_engine_reuses_a_trajectorys_cache_across_turns_with_the_same_tokens():
+    """Two turns of four trajectories through HFEngine: with kv_reuse the second turn prefills only the new tokens,
+    and every sampled token equals the re-prefilling engine's (same seed and keys); release drops the cache."""
+    import asyncio
+
+    from rstar2.rollout.engines import HFEngine
+
+    model, tok = _model()
+    tok.eos_token = "<|im_end|>"
+    stop = tok.eos_token_id
+    _stop_after(model, stop, 6)
+    prompt = tok.encode("Solve 12 * 13 with the tool.")
+    tool = tok.encode("<tool_response>\n156\n</tool_response>")
+
+    def two_turns(engine):
+        async def one(key):
+            first = await engine.generate(key, prompt, 20)
+            second = await engine.generate(key, prompt + first.token_ids + tool, 20)
+            return first.token_ids, second.token_ids
+
+        async def main():
+            try:
+                return await asyncio.gather(*(one(f"p#{i}") for i in range(4)))
+            finally:
+                await engine.aclose()
+        return asyncio.run(main())
+
+    cached = HFEngine(model, tok, temperature=1.0, seed=11, kv_reuse=True)
+    plain = HFEngine(model, tok, temperature=1.0, seed=11, kv_reuse=False)
+    got, want = two_turns(cached), two_turns(plain)
+    assert got == want
+    assert all(first[-1] == stop for first, _ in got)
+    assert len({tuple(f) for f, _ in got}) > 1                   # four samples of one prompt differ
+    # the prompt once (4 equal contexts), then per trajectory its last sampled token and the tool response
+    assert cached.prefilled_tokens == len(prompt) + 4 * (1 + len(tool))
+    assert plain.prefilled_tokens == 4 * len(prompt) + sum(len(prompt) + len(f) + len(tool) for f, _ in got)
+    assert cached.cached_bytes() > 0
+    for i in range(4):
+        cached.release(f"p#{i}")
+    assert cached.cached_bytes() == 0

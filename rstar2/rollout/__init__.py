@@ -72,7 +72,7 @@ def default_engines(model, tok, cfg: RolloutConfig) -> list:
         model.eval()
     decoder = inference_copy(model, cfg.precision)
     return [HFEngine(decoder, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size,
-                     kv_tokens=cfg.kv_cache_tokens, precision=cfg.precision)
+                     kv_tokens=cfg.kv_cache_tokens, precision=cfg.precision, kv_reuse=cfg.kv_reuse)
             for _ in range(cfg.num_engines)]
 
 

@@ -55,6 +55,8 @@ class RolloutConfig:
         no KV limit, admission then only caps in-flight trajectories at ``max_inflight_per_engine``).
     max_calls_per_turn: calls executed per turn (released code: 1); further calls are reported as dropped.
     precision: "fp32" | "bf16" for the "hf" engine (bf16 = generate under torch.autocast; weights unchanged).
+    kv_reuse: "hf" engine: keep each trajectory's KV cache across its turns and prefill a group's equal prompts
+        once (False: re-prefill the whole context every turn).
     tool: the code tool (``ToolConfig``).
     """
     max_response_tokens: int = 512
@@ -71,6 +73,7 @@ class RolloutConfig:
     max_inflight_per_engine: int = 256
     max_calls_per_turn: int = 1
     precision: str = "fp32"
+    kv_reuse: bool = True
     tool: ToolConfig = field(default_factory=ToolConfig)
 
     def __post_init__(self):

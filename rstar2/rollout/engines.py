@@ -150,8 +150,14 @@ def inference_copy(model, precision: str):
 class HFEngine(BatchingEngine):
     """A transformers model on left-padded batches (CPU or GPU).
 
-    A ``PreTrainedModel`` is decoded by ``hf_decode.decode_shrinking``, which drops each row from the batch when
-    it finishes (its stop token or its own token limit); anything else is driven through its ``generate``.
+    A ``PreTrainedModel`` is decoded by ``hf_cache.decode_cached``: each row leaves the batch when it finishes
+    (its stop token or its own token limit); a trajectory's KV cache is kept between its turns (``kv_reuse``), so a
+    later turn prefills only its new tokens, and a group's equal prompts are prefilled once. ``kv_reuse=False``
+    decodes every turn from its whole context (``hf_decode.decode_shrinking``; the old path, for comparison).
+    Anything that is not a ``PreTrainedModel`` is driven through its ``generate`` (scripted stand-ins in tests).
+
+    Sampling: row i draws token t of its trajectory from the counter-based stream ``(seed, key_i)``
+    (``hf_decode.row_uniforms``), so its tokens do not depend on which trajectories share its batch.
 
     Args:
         model: a causal LM (or anything with ``generate(input_ids, attention_mask, max_new_tokens, ...)``).
@@ -159,30 +165,69 @@ class HFEngine(BatchingEngine):
         temperature, top_p: sampling (temperature 0 = greedy).
         precision: "fp32", or "bf16" to generate under ``torch.autocast`` in bfloat16 (about 1.5x faster on CPUs
             with AMX / AVX512-BF16; ``default_engines`` also hands it a bfloat16 copy, ``inference_copy``).
+        seed: the sampling streams' seed; None = drawn from torch's global RNG when the engine is made (so a seeded
+            stage gives the same streams every run, and each rollout phase new ones).
+        kv_reuse: keep each trajectory's KV cache across turns (memory: its context's keys and values, until
+            ``release``).
     """
 
     def __init__(self, model, tok, temperature: float = 1.0, top_p: float = 1.0, max_batch: int = 16,
                  kv_tokens: int | None = None, linger_s: float = 0.02, max_linger_s: float = 0.5,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", seed: int | None = None, kv_reuse: bool = True):
+        import torch
+
         super().__init__(max_batch, kv_tokens, linger_s, max_linger_s)
         self.model, self.tok, self.temperature, self.top_p = model, tok, temperature, top_p
-        self.precision = precision
+        self.precision, self.kv_reuse = precision, kv_reuse
+        self.seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
+        self._kv: dict = {}          # trajectory key -> hf_cache.PastKV of its last turn
+        self.prefilled_tokens = 0    # context tokens forwarded in prefills (benchmarks)
+
+    def release(self, key: str) -> None:
+        self._kv.pop(key, None)
+
+    def cached_bytes(self) -> int:
+        """Memory held by the trajectories' kept KV caches (bytes)."""
+        return sum(kv.nbytes() for kv in list(self._kv.values()))
+
+    def _rows(self, requests):
+        """``(past, new ids)`` per request: the kept cache when it covers a prefix of the context, else none."""
+        rows = []
+        for r in requests:
+            past = self._kv.pop(r.key, None)
+            n = past.n_tokens if past is not None else 0
+            if past is None or len(r.context_ids) <= n or r.context_ids[:n] != past.ids[:n]:
+                past, n = None, 0
+            rows.append((past, r.context_ids[n:]))
+        return rows
 
     def _generate_batch(self, requests):
         import torch
         from transformers import PreTrainedModel
 
+        from .hf_cache import decode_cached
         from .hf_decode import decode_shrinking
 
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
         device = getattr(self.model, "device", torch.device("cpu"))
+        limits, streams = [r.max_new_tokens for r in requests], (self.seed, [r.key for r in requests])
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-            if isinstance(self.model, PreTrainedModel):
-                new = decode_shrinking(self.model, [r.context_ids for r in requests],
-                                       [r.max_new_tokens for r in requests],
-                                       self.tok.eos_token_id, pad, self.temperature, self.top_p)
-            else:  # anything else that only offers generate() (scripted stand-ins in tests)
+            if not isinstance(self.model, PreTrainedModel):
                 new = self._generate_padded(requests, pad)
+            elif self.kv_reuse:
+                rows = self._rows(requests)
+                self.prefilled_tokens += sum(len(ids) for _, ids in {(id(p), tuple(ids)): (p, ids)
+                                                                    for p, ids in rows}.values())
+                out = decode_cached(self.model, rows, limits, self.tok.eos_token_id, pad, self.temperature,
+                                    self.top_p, keep=True, streams=streams)
+                for r, (_, kv) in zip(requests, out):
+                    if kv is not None:
+                        self._kv[r.key] = kv
+                new = [ids for ids, _ in out]
+            else:
+                self.prefilled_tokens += sum(len(r.context_ids) for r in requests)
+                new = decode_shrinking(self.model, [r.context_ids for r in requests], limits,
+                                       self.tok.eos_token_id, pad, self.temperature, self.top_p, streams=streams)
         return [cut_at_stop(row, {self.tok.eos_token_id}, r.max_new_tokens, pad) for row, r in zip(new, requests)]
 
     def _generate_padded(self, requests, pad):
