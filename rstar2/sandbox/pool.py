@@ -17,11 +17,15 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from . import isolation as iso_mod
+from .probe import probe_code, probe_failure
+from .python_layout import per_call_mounts, python_layout
 from .results import ExecResult, SandboxLimits
 
 log = logging.getLogger("rstar2.sandbox")
@@ -53,6 +57,7 @@ sympy.nsimplify(0.5); sympy.binomial(10, 3); sympy.sqrt(8); sympy.N(sympy.pi, 20
 str(sympy.factor(x**2 - 1)); repr(sympy.sqrt(8) / 3); str(sympy.Matrix([[1, 2], [3, 4]])); repr(np.arange(3) / 2)
 np.linalg.solve(np.eye(2), np.ones(2)); np.arange(10).sum()
 """
+PROBE_LIMITS = SandboxLimits(timeout_s=10.0)  # the start-up probe: a few stat calls, with room for a loaded host
 CHILD_ENV = {"MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/rstar2-mpl", "OPENBLAS_NUM_THREADS": "1",
              "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "LANG": "C.UTF-8",
              "PATH": "/usr/bin:/bin"}
@@ -69,10 +74,10 @@ class _Worker:
         self.want = list({"lean": LEAN_PRELOAD, "sci": SCI_PRELOAD, "full": pool.preload}[kind])
         cfg = {"preload": self.want,
                "warmup": WARMUP if kind != "lean" else "", "slots": pool.slots, "env": CHILD_ENV,
-               "sweep": pool.isolation.sweep, "private_tmp": pool.isolation.per_call_uid,
+               "sweep": pool.isolation.sweep, "private_tmp": pool.isolation.per_call_uid, **pool.per_call_mounts,
                "uid_base": (pool.uid_base + index * pool.slots) if pool.isolation.per_call_uid else None,
                "workdir": "/tmp/rstar2-sbx" if pool.isolation.mode == "bwrap" else pool.host_workdir(index)}
-        cmd = iso_mod.zygote_command(pool.isolation, json.dumps(cfg), tmpfs_mb=pool.tmpfs_mb)
+        cmd = iso_mod.zygote_command(pool.isolation, json.dumps(cfg), pool.layout, tmpfs_mb=pool.tmpfs_mb)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -155,6 +160,9 @@ class Pool:
         self.slots, self.preload, self.grace_s, self.uid_base, self.tmpfs_mb = slots, tuple(preload), grace_s, \
             uid_base, tmpfs_mb
         self.isolation = iso_mod.detect(isolation, allow_unsandboxed)
+        self.layout = python_layout(sys.executable, os.getcwd())  # where the zygotes' Python lives
+        self.per_call_mounts = per_call_mounts(self.layout, self.isolation.mode) if self.isolation.per_call_uid \
+            else {}
         n = workers or max(1, min(4, os.cpu_count() or 1))
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -168,13 +176,37 @@ class Pool:
         starting = [self._spawn(i, k) for i, k in enumerate(kinds)]  # zygotes import in parallel
         try:
             self.workers = [w.wait_ready() for w in starting]
+            self.restarts = 0
+            self._probe()
         except Exception:
             for w in starting:
                 w.kill()
             raise
-        self.restarts = 0
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
         self._watchdog.start()
+
+    def _probe(self) -> None:
+        """One real call per zygote kind, all at once (~10 ms): raise RuntimeError with one line naming the
+        module a call could not import and the sys.path entry missing inside the sandbox (see :mod:`.probe`)."""
+        first = {}
+        for w in self.workers:
+            first.setdefault(w.kind, w)
+        every = {m for w in first.values() for m in w.want}
+        futs = {}
+        for kind, w in first.items():
+            fut: Future = Future()
+            w.submit(next(self._ids), probe_code(self.layout, w.want, sorted(every - set(w.want))), "",
+                     PROBE_LIMITS, fut)
+            futs[kind] = fut
+        for kind, fut in futs.items():
+            try:
+                res = fut.result(timeout=PROBE_LIMITS.timeout_s + self.grace_s)
+            except FutureTimeout:  # no watchdog yet: a hung zygote must not hang the start
+                raise RuntimeError(f"sandbox start-up probe: the {kind} zygote did not answer within "
+                                   f"{PROBE_LIMITS.timeout_s + self.grace_s:.0f} s") from None
+            why = probe_failure(kind, self.layout, res.stdout, res.status, res.stderr)
+            if why:
+                raise RuntimeError(f"{why} (isolation: {self.isolation.describe()})")
 
     def host_workdir(self, index: int) -> str:
         import tempfile
