@@ -11,7 +11,8 @@ at c=1 and ≥50× the baseline's throughput at c=16.
 ``--layout-ab [--before-zygote FILE]`` (issue 26) instead compares, in one run and interleaved over
 ``--rounds``: the zygote given (e.g. ``git show main:rstar2/sandbox/_zygote.py > /tmp/old.py``) and this one,
 with Python where it is, and this one with a venv under /tmp whose trees each call binds again; per-call
-latency at c=1 and c=16 and the pool's start-up time with the share of its start-up probe.
+latency at c=1 and c=16, the pool's start-up time with the share of its start-up probe, and the per-call
+mount setup timed inside the sandbox with and without re-binding that venv.
 """
 
 from __future__ import annotations
@@ -80,6 +81,64 @@ def drive(call, n: int, conc: int) -> dict:
     return {"rate": n / wall, "p50": pct(0.50), "p99": pct(0.99), "fails": fails[0], "n": n}
 
 
+_MOUNT_MICRO = """
+if __name__ == "__main__":
+    import statistics
+    for _ in range(2):
+        for name, keep, mkdirs in (("private /tmp only", [], []),
+                                   ("private /tmp + Python re-bound", KEEP, MKDIRS)):
+            ts = []
+            for i in range(CALLS):
+                jd = os.path.join(WORKDIR, "jobx")
+                _rmtree(jd)
+                os.makedirs(jd, exist_ok=True)
+                r, w = os.pipe()
+                pid = os.fork()
+                if pid == 0:
+                    KEEP, MKDIRS = keep, mkdirs
+                    t0 = time.perf_counter()
+                    _private_tmp(jd)
+                    os.write(w, str(time.perf_counter() - t0).encode())
+                    os._exit(0)
+                os.close(w)
+                ts.append(float(os.read(r, 100)))
+                os.close(r)
+                os.waitpid(pid, 0)
+            ts.sort()
+            print(f"| {name} | {1e6 * statistics.median(ts):.0f} | {1e6 * ts[int(0.9 * len(ts))]:.0f} |")
+"""
+
+
+def mount_setup_us(venv_python: str, calls: int) -> str:
+    """The zygote's per-call mount setup timed inside a real sandbox (a copy of _zygote.py whose main forks
+    children that only run ``_private_tmp``), with and without re-binding a venv that lives under /tmp."""
+    import json
+    import tempfile
+
+    from rstar2.sandbox import isolation as iso_mod
+    from rstar2.sandbox.python_layout import per_call_mounts, python_layout
+
+    iso = iso_mod.detect("auto")
+    if not iso.per_call_uid:
+        return f"(no private /tmp per call under {iso.describe()}: nothing to re-bind)"
+    src = open(iso_mod.ZYGOTE_SRC).read()
+    guard = 'if __name__ == "__main__":\n    main()'
+    assert guard in src, "the zygote's main guard moved: update _MOUNT_MICRO"
+    layout = python_layout(venv_python, os.getcwd())
+    cfg = {"private_tmp": True, "workdir": "/tmp/rstar2-sbx", **per_call_mounts(layout, iso.mode)}
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(src.replace(guard, f"CALLS = {calls}\n" + _MOUNT_MICRO))
+    saved, iso_mod.ZYGOTE_SRC = iso_mod.ZYGOTE_SRC, f.name
+    try:
+        cmd = iso_mod.zygote_command(iso, json.dumps(cfg), layout)
+        out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    finally:
+        iso_mod.ZYGOTE_SRC = saved
+        os.unlink(f.name)
+    return (f"re-bound per call: {[k for k, _ in cfg['keep']]}\n| per-call mount setup | median us | p90 us |\n"
+            f"|---|---|---|\n{out.stdout}{out.stderr[-2000:]}")
+
+
 def layout_ab(a) -> None:
     """Issue 26: what keeping Python visible in every call costs, per call and at pool start-up."""
     import tempfile
@@ -123,6 +182,7 @@ def layout_ab(a) -> None:
                         for conc in (1, 16):
                             m = drive(lambda: pool.submit(code, "").result().status == "ok", a.calls, conc)
                             cells.setdefault((name, snip, conc), []).append(m)
+        micro = mount_setup_us(venv_python, a.calls)
     finally:
         iso_mod.ZYGOTE_SRC, pool_mod.python_layout, pool_mod.Pool._probe = variants[-1][1], real_layout, real_probe
         import shutil
@@ -145,6 +205,7 @@ def layout_ab(a) -> None:
         st = cells[(name, "start-up")]
         print(f"| {name} | {med(cells[(name, 'fork')]):.2f} | {med([x['s'] for x in st]):.3f} | "
               f"{1000 * med([x['probe'] for x in st]):.1f} |")
+    print("\n" + micro)
 
 
 def main():

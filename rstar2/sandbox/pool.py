@@ -179,6 +179,8 @@ class Pool:
             self.restarts = 0
             self._probe()
         except Exception:
+            self._closed = True  # the zygotes' readers must not replace what is killed here
+            self._spawn_q.put((None, None, None))
             for w in starting:
                 w.kill()
             raise

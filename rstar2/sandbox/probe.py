@@ -17,8 +17,9 @@ import json
 
 from .python_layout import PythonLayout
 
+# Only modules every zygote has loaded before any call (a hidden stdlib must not stop the probe itself).
 _CODE = """
-import importlib.util, json, os, sys
+import json, os, sys
 paths, preloaded, others = {paths!r}, {preloaded!r}, {others!r}
 gone = [p for p in paths + [sys.executable] if not os.path.exists(p)]
 bad = {{}}
@@ -32,7 +33,7 @@ for name in preloaded:
         bad[name] = type(e).__name__ + ': ' + str(e)
 for name in others:
     try:
-        if importlib.util.find_spec(name) is None:
+        if not any(f.find_spec(name, None) for f in sys.meta_path if hasattr(f, 'find_spec')):
             bad[name] = 'ModuleNotFoundError'
     except Exception as e:
         bad[name] = type(e).__name__ + ': ' + str(e)
@@ -65,7 +66,7 @@ def probe_failure(kind: str, layout: PythonLayout, stdout: str, status: str, std
         if spec is None:
             continue  # not installed for this Python at all
         origin = spec.origin or next(iter(spec.submodule_search_locations or []), "?")  # "?": never seen
-        holder = next((p for p in gone if origin.startswith(p.rstrip("/") + "/")), None)
+        holder = max((p for p in gone if origin.startswith(p.rstrip("/") + "/")), key=len, default=None)
         where = (f"sys.path entry {holder} does not exist inside the sandbox" if holder else
                  f"it is {origin} on the host ({why})")
         return f"sandbox start-up probe: the {kind} zygote's calls cannot import {name}: {where}"
