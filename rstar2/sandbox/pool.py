@@ -21,10 +21,9 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 
 from . import isolation as iso_mod
-from .probe import probe_code, probe_failure
+from .probe import probe_workers
 from .python_layout import per_call_mounts, python_layout
 from .results import ExecResult, SandboxLimits
 
@@ -57,7 +56,6 @@ sympy.nsimplify(0.5); sympy.binomial(10, 3); sympy.sqrt(8); sympy.N(sympy.pi, 20
 str(sympy.factor(x**2 - 1)); repr(sympy.sqrt(8) / 3); str(sympy.Matrix([[1, 2], [3, 4]])); repr(np.arange(3) / 2)
 np.linalg.solve(np.eye(2), np.ones(2)); np.arange(10).sum()
 """
-PROBE_LIMITS = SandboxLimits(timeout_s=10.0)  # the start-up probe: a few stat calls, with room for a loaded host
 CHILD_ENV = {"MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/rstar2-mpl", "OPENBLAS_NUM_THREADS": "1",
              "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "LANG": "C.UTF-8",
              "PATH": "/usr/bin:/bin"}
@@ -188,27 +186,8 @@ class Pool:
         self._watchdog.start()
 
     def _probe(self) -> None:
-        """One real call per zygote kind, all at once (~10 ms): raise RuntimeError with one line naming the
-        module a call could not import and the sys.path entry missing inside the sandbox (see :mod:`.probe`)."""
-        first = {}
-        for w in self.workers:
-            first.setdefault(w.kind, w)
-        every = {m for w in first.values() for m in w.want}
-        futs = {}
-        for kind, w in first.items():
-            fut: Future = Future()
-            w.submit(next(self._ids), probe_code(self.layout, w.want, sorted(every - set(w.want))), "",
-                     PROBE_LIMITS, fut)
-            futs[kind] = fut
-        for kind, fut in futs.items():
-            try:
-                res = fut.result(timeout=PROBE_LIMITS.timeout_s + self.grace_s)
-            except FutureTimeout:  # no watchdog yet: a hung zygote must not hang the start
-                raise RuntimeError(f"sandbox start-up probe: the {kind} zygote did not answer within "
-                                   f"{PROBE_LIMITS.timeout_s + self.grace_s:.0f} s") from None
-            why = probe_failure(kind, self.layout, res.stdout, res.status, res.stderr)
-            if why:
-                raise RuntimeError(f"{why} (isolation: {self.isolation.describe()})")
+        """The start-up probe, one real call per zygote kind (see :mod:`.probe`); RuntimeError on failure."""
+        probe_workers(self.workers, self.layout, self._ids, self.grace_s, self.isolation.describe())
 
     def host_workdir(self, index: int) -> str:
         import tempfile
