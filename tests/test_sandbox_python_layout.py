@@ -26,7 +26,8 @@ import json, os, sys
 from rstar2.sandbox import Pool, SandboxLimits, pool as pool_mod
 proj, repo, isolation = sys.argv[1], sys.argv[2], sys.argv[3]
 check = ("import json, os\nnp = __import__('nu' + 'mpy')\n"
-         f"print(json.dumps([np.__file__, int(np.arange(5).sum()), [os.path.exists(p) for p in "
+         f"print(json.dumps([np.__file__, int(np.arange(5).sum()) + __import__('rstar2_extra_mod').X, "
+         "[os.path.exists(p) for p in "
          f"({proj + '/README.md'!r}, {proj + '/data'!r}, {repo + '/README.md'!r}, {repo + '/data'!r})]]))")
 out = {}
 with Pool(SandboxLimits(timeout_s=10), workers=1, lean_workers=1, full_workers=1, slots=2, isolation=isolation,
@@ -62,13 +63,18 @@ def test_a_venv_anywhere_imports_numpy_in_every_zygote_kind_and_hides_the_checko
     (real / "README.md").write_text("project file")
     (real / "data").mkdir()
     make_venv(real / ".venv")
+    extra = tmp_path / "site extra"  # a .pth names it: on sys.path, outside the venv, so bound too
+    extra.mkdir()
+    (extra / "rstar2_extra_mod.py").write_text("X = 7\n")
+    site = real / ".venv" / "lib" / f"python3.{sys.version_info.minor}" / "site-packages"
+    (site / "extra.pth").write_text(f"{extra}\n")
     proj = real
     if layout == "through-symlink":
         (tmp_path / "link").symlink_to(real.parent)
         proj = tmp_path / "link" / "proj"
     python = str(proj / ".venv" / "bin" / "python")
-    res = subprocess.run([python, "-c", _RUN, str(proj), REPO, isolation], capture_output=True, text=True, timeout=180,
-                         cwd=str(proj), env={"PATH": os.environ["PATH"], "PYTHONPATH": REPO})
+    res = subprocess.run([python, "-c", _RUN, str(proj), REPO, isolation], capture_output=True, text=True,
+                         timeout=180, cwd=str(proj), env={"PATH": os.environ["PATH"], "PYTHONPATH": REPO})
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     mode, hides_files, per_call_uid = out["iso"]
@@ -76,7 +82,7 @@ def test_a_venv_anywhere_imports_numpy_in_every_zygote_kind_and_hides_the_checko
         assert isinstance(out[kind], list), f"{kind}: {out[kind]}"
         np_file, total, seen = out[kind]
         assert np_file == f"{proj}/.venv/lib/python3.{sys.version_info.minor}/site-packages/numpy/__init__.py"
-        assert total == 10
+        assert total == 10 + 7
         # the checkout around the venv is hidden by a private /tmp or bubblewrap; the worktree only by bubblewrap
         assert seen[:2] == [False, False] or not (hides_files or per_call_uid), f"{kind} sees the checkout: {seen}"
         assert seen[2:] == [False, False] or not hides_files, f"{kind} zygote's call sees project files: {seen}"
@@ -128,3 +134,20 @@ def test_per_call_mounts_rebind_what_tmp_or_a_cover_hides(tmp_path):
     assert m["mkdirs"][0] == "/" + str(tmp_path).split("/")[1] + "/" + str(tmp_path).split("/")[2]
     home = PythonLayout("x", "x", "x", (), (("/opt/py", "/opt/py"),))
     assert per_call_mounts(home, "bwrap") == {"cover": [], "keep": [], "mkdirs": []}
+
+
+def test_pth_directories_are_roots_but_not_editable_projects_or_the_working_directory(tmp_path):
+    python = make_venv(tmp_path / "venv", packages=())
+    site = tmp_path / "venv" / "lib" / f"python3.{sys.version_info.minor}" / "site-packages"
+    lib, edited, here = tmp_path / "lib", tmp_path / "edited", tmp_path / "here"
+    for d in (lib, edited, here / "sub"):
+        d.mkdir(parents=True)
+    (site / "dirs.pth").write_text(f"{lib}\n{edited}\n{here}\n")
+    info = site / "edited-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: edited\nVersion: 0.1\n")
+    (info / "direct_url.json").write_text(json.dumps({"url": edited.as_uri(), "dir_info": {"editable": True}}))
+    lay = python_layout(python, str(here / "sub"))
+    assert str(lib) in lay.path and (str(lib), str(lib)) in lay.roots
+    for hidden in (edited, here):  # an editable install's project; the directory the host runs in
+        assert str(hidden) not in lay.path and all(d != str(hidden) for _, d in lay.roots)

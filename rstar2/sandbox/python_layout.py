@@ -84,7 +84,8 @@ def python_layout(python: str, cwd: str) -> PythonLayout:
     extra = [e for e in entries if not under(e, trees + ["/usr"])]
     if extra:  # rare (a .pth naming a directory): only then is scanning the installed distributions worth it
         editable = _editable_roots([e for e in entries if e not in extra])
-        keep = [e for e in extra if not under(os.path.realpath(e), editable) and not under(cwd, [e, os.path.realpath(e)])]
+        keep = [e for e in extra if not under(os.path.realpath(e), editable)
+                and not under(cwd, [e, os.path.realpath(e)])]
         entries = [e for e in entries if e not in extra or e in keep]
         extra = keep
     # Every path is wanted at its real path and at the path Python names; a path below another one is seen
