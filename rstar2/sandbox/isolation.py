@@ -3,8 +3,8 @@
 Modes, strongest first (measured on this project's machines: reference/sandbox_notes.md §3):
 
 - ``bwrap``: the zygote runs under bubblewrap in new network, mount, pid, ipc and uts namespaces. The
-  only host paths visible are ``/usr``, the Python installation, the virtual environment and
-  ``/etc/ld.so.cache``, all read-only; ``/tmp`` is a private size-capped tmpfs; no ``/etc``, ``/home``,
+  only host paths visible are ``/usr``, the Python installation, the virtual environment, directories a
+  ``.pth`` file puts on ``sys.path`` (see :mod:`.python_layout`) and ``/etc/ld.so.cache``, all read-only; ``/tmp`` is a private size-capped tmpfs; no ``/etc``, ``/home``,
   ``/root``, ``data/``, ``results/`` or credentials. When started as root, bwrap keeps only the
   capabilities the zygote needs to drop each child to its own unprivileged uid (so RLIMIT_NPROC holds
   and a snippet cannot signal the zygote or its siblings); when started unprivileged, bwrap uses a user
