@@ -10,7 +10,8 @@ last expression (IPython-style, spec §2.4). The zygote enforces the wall-clock 
 SIGKILLing the child's process group, then sweeps every process of the slot (escaped daemons) before the slot
 is reused. Config keys: preload (module names), warmup (code run once after the preloads), slots, uid_base (int or
 null), workdir, sweep ("uid" | "pidns" | "none"), private_tmp (a mount namespace per call whose /tmp is the
-job directory), env (dict for the children).
+job directory), keep / mkdirs / cover (Python trees bound again in it: rstar2/sandbox/python_layout.py), env
+(dict for the children).
 """
 
 import ctypes
@@ -51,7 +52,7 @@ import traceback  # noqa: E402
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 38, 36
-_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x00020000, 4096, 16384, 1 << 18
+_CLONE_NEWNS, _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x00020000, 2, 4, 4096, 16384, 1 << 18
 MB = 1024 * 1024
 SLOTS = int(CFG.get("slots", 16))
 UID_BASE = CFG.get("uid_base")
@@ -59,6 +60,11 @@ WORKDIR = CFG.get("workdir", "/tmp")
 SWEEP = CFG.get("sweep", "none")
 READ_CHUNK = 65536
 PRIVATE_TMP = bool(CFG.get("private_tmp"))  # each call sees its own job directory as /tmp
+# Python trees (path, is_dir) that the private /tmp or a cover hides, bound again per call (one missing here is
+# left out: the pool's start-up probe names it); their mount points' parents; directories a call's uid
+# cannot enter (a 0700 home, uid mode), covered by an empty tmpfs per call.
+KEEP = [(p, is_dir) for p, is_dir in CFG.get("keep", []) if os.path.exists(p)]
+MKDIRS, COVER = CFG.get("mkdirs", []), CFG.get("cover", [])
 
 
 class _CountingFile(io.FileIO):
@@ -119,6 +125,32 @@ def _run_snippet(code: str) -> int:
     return code_rc
 
 
+def _mount(src, target, fstype=None, flags=_MS_BIND | _MS_REC, data=None) -> None:
+    if _LIBC.mount(src.encode(), target.encode(), fstype, flags, data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {src} on {target}: {os.strerror(err)}")
+
+
+def _private_tmp(jobdir: str) -> None:
+    """A mount namespace per call (~0.25 ms): /tmp is the job directory, nobody else's; COVER gets empty
+    tmpfs; the Python trees these hide are bound again (~0.1 ms each) from O_PATH descriptors taken before
+    (a bind's source must be in the caller's own mount namespace), on root-owned 0755 mount points."""
+    if _LIBC.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "private /tmp for the call: unshare")
+    _mount("none", "/", flags=_MS_REC | _MS_PRIVATE)
+    held = [(path, is_dir, os.open(path, os.O_PATH)) for path, is_dir in KEEP]
+    _mount(jobdir, "/tmp", flags=_MS_BIND)
+    for d in COVER:
+        _mount("tmpfs", d, b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=755,size=1m")
+    for d in MKDIRS:
+        os.mkdir(d)
+        os.chmod(d, 0o755)  # whatever the umask: the call's uid must pass through
+    for path, is_dir, fd in held:
+        os.mkdir(path) if is_dir else os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+        _mount(f"/proc/self/fd/{fd}", path)
+        os.close(fd)
+
+
 def _child(req: dict, slot: int, fd_in: int, out_w: int, err_w: int, jobdir: str) -> None:
     """The forked child: isolate, limit, then run the snippet. Never returns."""
     rc = 1
@@ -132,11 +164,8 @@ def _child(req: dict, slot: int, fd_in: int, out_w: int, err_w: int, jobdir: str
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.closerange(3, 65536)
-        if PRIVATE_TMP:  # a mount namespace per call (~0.1 ms): /tmp is the job directory, nobody else's
-            if _LIBC.unshare(_CLONE_NEWNS) != 0 or \
-                    _LIBC.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0 or \
-                    _LIBC.mount(jobdir.encode(), b"/tmp", None, _MS_BIND, None) != 0:
-                raise OSError(ctypes.get_errno(), "private /tmp for the call")
+        if PRIVATE_TMP:
+            _private_tmp(jobdir)
             jobdir = "/tmp"
         os.chdir(jobdir)
         os.environ.update({"HOME": jobdir, "TMPDIR": jobdir, "MPLCONFIGDIR": jobdir})

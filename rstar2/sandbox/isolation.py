@@ -3,8 +3,8 @@
 Modes, strongest first (measured on this project's machines: reference/sandbox_notes.md §3):
 
 - ``bwrap``: the zygote runs under bubblewrap in new network, mount, pid, ipc and uts namespaces. The
-  only host paths visible are ``/usr``, the Python installation, the virtual environment and
-  ``/etc/ld.so.cache``, all read-only; ``/tmp`` is a private size-capped tmpfs; no ``/etc``, ``/home``,
+  only host paths visible are ``/usr``, the Python installation, the virtual environment, directories a
+  ``.pth`` file puts on ``sys.path`` (see :mod:`.python_layout`) and ``/etc/ld.so.cache``, all read-only; ``/tmp`` is a private size-capped tmpfs; no ``/etc``, ``/home``,
   ``/root``, ``data/``, ``results/`` or credentials. When started as root, bwrap keeps only the
   capabilities the zygote needs to drop each child to its own unprivileged uid (so RLIMIT_NPROC holds
   and a snippet cannot signal the zygote or its siblings); when started unprivileged, bwrap uses a user
@@ -23,6 +23,8 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+
+from .python_layout import PythonLayout
 
 log = logging.getLogger("rstar2.sandbox")
 
@@ -116,12 +118,12 @@ def _mkdirs(args: list[str], path: str, made: set[str]) -> None:
             args += ["--perms", "0755", "--dir", d]
 
 
-def zygote_command(iso: Isolation, config_json: str, python: str | None = None, tmpfs_mb: int = 256) -> list[str]:
-    """The argv that starts one zygote under ``iso``; ``config_json`` is the zygote's JSON config."""
-    python = python or sys.executable
+def zygote_command(iso: Isolation, config_json: str, layout: PythonLayout, tmpfs_mb: int = 256) -> list[str]:
+    """The argv that starts one zygote under ``iso`` with the Python of ``layout``; ``config_json`` is the
+    zygote's JSON config; ``tmpfs_mb`` caps the sandbox's /tmp."""
+    python = layout.executable
     if iso.mode != "bwrap":
         return [python, "-I", ZYGOTE_SRC, config_json]
-    prefix, base = os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)
     args = [iso.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
     if iso.root:
@@ -134,21 +136,12 @@ def zygote_command(iso: Isolation, config_json: str, python: str | None = None, 
     if os.path.exists("/etc/ld.so.cache"):
         args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     made: set[str] = set()
-    for path in sorted({base, prefix}):
-        if not path.startswith("/usr/"):
-            _mkdirs(args, path, made)
-            args += ["--ro-bind", path, path]
-    # A venv reached through a symlink (``.venv -> /elsewhere/.venv``): Python looks for pyvenv.cfg next to the
-    # path it was started by, so the venv must also appear there, or the sandbox silently runs the base
-    # interpreter's site-packages instead of the venv's.
-    raw_prefix = os.path.abspath(sys.prefix)
-    if raw_prefix != prefix:
-        _mkdirs(args, raw_prefix, made)
-        args += ["--ro-bind", prefix, raw_prefix]
-    if sys.executable != os.path.realpath(sys.executable) and \
-            not sys.executable.startswith((prefix, raw_prefix + os.sep, "/usr/")):
-        _mkdirs(args, sys.executable, made)
-        args += ["--ro-bind", sys.executable, sys.executable]
+    # The interpreter, its stdlib and site-packages at the paths the host sees them (a venv reached through a
+    # symlink too: Python looks for pyvenv.cfg next to the path it was started by, so without that bind the
+    # sandbox silently runs the base interpreter's site-packages instead of the venv's).
+    for src, dest in layout.roots:
+        _mkdirs(args, dest, made)
+        args += ["--ro-bind", src, dest]
     _mkdirs(args, ZYGOTE_IN_SANDBOX, made)
     args += ["--ro-bind", ZYGOTE_SRC, ZYGOTE_IN_SANDBOX, "--chdir", "/tmp", python, "-I", ZYGOTE_IN_SANDBOX,
              config_json]

@@ -17,11 +17,14 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future
 
 from . import isolation as iso_mod
+from .probe import probe_workers
+from .python_layout import per_call_mounts, python_layout
 from .results import ExecResult, SandboxLimits
 
 log = logging.getLogger("rstar2.sandbox")
@@ -69,10 +72,10 @@ class _Worker:
         self.want = list({"lean": LEAN_PRELOAD, "sci": SCI_PRELOAD, "full": pool.preload}[kind])
         cfg = {"preload": self.want,
                "warmup": WARMUP if kind != "lean" else "", "slots": pool.slots, "env": CHILD_ENV,
-               "sweep": pool.isolation.sweep, "private_tmp": pool.isolation.per_call_uid,
+               "sweep": pool.isolation.sweep, "private_tmp": pool.isolation.per_call_uid, **pool.per_call_mounts,
                "uid_base": (pool.uid_base + index * pool.slots) if pool.isolation.per_call_uid else None,
                "workdir": "/tmp/rstar2-sbx" if pool.isolation.mode == "bwrap" else pool.host_workdir(index)}
-        cmd = iso_mod.zygote_command(pool.isolation, json.dumps(cfg), tmpfs_mb=pool.tmpfs_mb)
+        cmd = iso_mod.zygote_command(pool.isolation, json.dumps(cfg), pool.layout, tmpfs_mb=pool.tmpfs_mb)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -155,6 +158,9 @@ class Pool:
         self.slots, self.preload, self.grace_s, self.uid_base, self.tmpfs_mb = slots, tuple(preload), grace_s, \
             uid_base, tmpfs_mb
         self.isolation = iso_mod.detect(isolation, allow_unsandboxed)
+        self.layout = python_layout(sys.executable, os.getcwd())  # where the zygotes' Python lives
+        self.per_call_mounts = per_call_mounts(self.layout, self.isolation.mode) if self.isolation.per_call_uid \
+            else {}
         n = workers or max(1, min(4, os.cpu_count() or 1))
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -168,13 +174,20 @@ class Pool:
         starting = [self._spawn(i, k) for i, k in enumerate(kinds)]  # zygotes import in parallel
         try:
             self.workers = [w.wait_ready() for w in starting]
+            self.restarts = 0
+            self._probe()
         except Exception:
+            self._closed = True  # the zygotes' readers must not replace what is killed here
+            self._spawn_q.put((None, None, None))
             for w in starting:
                 w.kill()
             raise
-        self.restarts = 0
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
         self._watchdog.start()
+
+    def _probe(self) -> None:
+        """The start-up probe, one real call per zygote kind (see :mod:`.probe`); RuntimeError on failure."""
+        probe_workers(self.workers, self.layout, self._ids, self.grace_s, self.isolation.describe())
 
     def host_workdir(self, index: int) -> str:
         import tempfile
