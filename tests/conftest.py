@@ -50,27 +50,12 @@ def write_tiny_rl_inputs(root, n_problems: int):
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _merge(base: dict, over: dict) -> dict:
-    """Snakemake's --configfile merge: dicts key by key, anything else (lists included) replaced whole."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def workflow_config(*overrides: dict, files: tuple[str, ...] = ("configs/tiny.yaml",)) -> dict:
     """The config a workflow run would see: config.yaml, then ``files`` (repo-relative), then ``overrides``,
     validated against the schema (which fills every default), as Snakemake does."""
-    import yaml
-    from snakemake.utils import validate
+    from rstar2.stages.params import validated_config
 
-    cfg = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
-    for f in files:
-        cfg = _merge(cfg, yaml.safe_load((REPO_ROOT / f).read_text()) or {})
-    for o in overrides:
-        cfg = _merge(cfg, o)
-    validate(cfg, str(REPO_ROOT / "workflow/schemas/config.schema.yaml"))
-    return cfg
+    return validated_config(REPO_ROOT, files, overrides)
 
 
 def stage_params(builder: str, *args, overrides: dict | None = None, files: tuple[str, ...] = ("configs/tiny.yaml",)):

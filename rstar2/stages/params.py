@@ -185,6 +185,36 @@ class ReportParams:
     lead_benchmark: str | None
 
 
+def merge_config(base: dict, over: dict) -> dict:
+    """Snakemake's ``--configfile`` merge: dicts key by key, anything else (lists included) replaced whole."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge_config(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def validated_config(root, files: tuple = (), overrides: tuple = ()) -> dict:
+    """The config a workflow run in ``root`` would see: ``config.yaml``, then ``files`` (relative to ``root``), then
+    ``overrides`` (dicts), validated against the schema, which fills every default (benchmarks, tests).
+
+    Raises:
+        jsonschema.ValidationError (through Snakemake): a value the schema refuses.
+    """
+    from pathlib import Path
+
+    import yaml
+    from snakemake.utils import validate
+
+    root = Path(root)
+    cfg = yaml.safe_load((root / "config.yaml").read_text())
+    for f in files:
+        cfg = merge_config(cfg, yaml.safe_load((root / f).read_text()) or {})
+    for o in overrides:
+        cfg = merge_config(cfg, o)
+    validate(cfg, str(root / "workflow/schemas/config.schema.yaml"))
+    return cfg
+
+
 def to_json(params) -> str:
     """The JSON a rule passes its stage (keys sorted, so equal params give equal strings)."""
     return json.dumps(to_dict(params) if not isinstance(params, dict) else params, sort_keys=True)

@@ -1,0 +1,124 @@
+"""One RL step of the learning task on the old and the new CPU rollout path, same work (issue 19).
+
+Runs the real RL stage (``rstar2.stages.rl.run``: rollouts through the agent loop and the sandbox, grading,
+GRPO-RoC selection, one TRL update per step) for ``--steps`` steps from one SFT model, once with
+``rollout.kv_reuse: false`` (every turn re-prefills its whole context, each of a group's 2G rollouts prefills the
+prompt: the old path) and once with ``true`` (each trajectory's KV cache kept across turns, a group's prompt
+prefilled once), in fresh processes, alternating ``--rounds`` times. Same config, seed and prompts; sampling draws
+from per-trajectory counter-based streams, so both paths sample the same tokens wherever their logits agree (bf16
+rounding can flip a rare token: the script counts identical trajectories and tokens, so "equal work" is checked,
+not assumed).
+
+    python benchmarks/bench_rl_step.py results/sft/model --steps 2 --rounds 2 [--config configs/cpu-learning.yaml]
+
+Prints per path: seconds per step (rollout, update = step - rollout), generated and prefilled tokens, tool calls,
+and old / new ratios. Measure on a quiet machine and say which CPU (lscpu).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time
+from rstar2.stages import rl
+from rstar2.rollout import engines
+made = []
+init = engines.HFEngine.__init__
+def spy(self, *a, **k):
+    init(self, *a, **k)
+    made.append(self)
+engines.HFEngine.__init__ = spy
+params, model, data, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+rl.run(params, model, data, out)
+json.dump({"prefilled": [e.prefilled_tokens for e in made]}, open(out + "/engines.json", "w"))
+"""
+
+
+def _params(config: str, steps: int, kv_reuse: bool, seed: int) -> dict:
+    from rstar2.params import to_dict
+    from rstar2.stages import params as P
+
+    cfg = P.validated_config(REPO, (config,), ({"seed": seed, "rollout": {"kv_reuse": kv_reuse}, "rl": {
+        "checkpoint_every": 0, "heldout": {"benchmark": None},
+        "stages": {"stage1": {"steps": steps}}}},))
+    return to_dict(P.rl(cfg, "stage1"))
+
+
+def run_once(model: str, data: str, params: dict, workdir: Path) -> dict:
+    out = workdir / "stage1"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONUNBUFFERED": "1"}
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params), model, data, str(out)], cwd=REPO, env=env,
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"RL stage failed:\n{r.stderr[-3000:]}")
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    return {"wall": time.time() - t0, "metrics": metrics, "rollouts": rollouts,
+            "prefilled": sum(json.loads((out / "engines.json").read_text())["prefilled"])}
+
+
+def summary(run: dict) -> dict:
+    m = run["metrics"]
+    return {"step_s": statistics.fmean(r["step_time_s"] for r in m),
+            "rollout_s": statistics.fmean(r["rollout_time_s"] for r in m),
+            "update_s": statistics.fmean(r["step_time_s"] - r["rollout_time_s"] for r in m),
+            "generated": sum(r["generated_tokens"] for r in run["rollouts"]),
+            "tool_calls": sum(len(c) for r in run["rollouts"] for c in [[x for t in r["turns"] for x in t["tool_calls"]]]),
+            "prefilled": run["prefilled"], "reward": statistics.fmean(r["reward_mean"] for r in m)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="an SFT model folder (e.g. results/sft/model of the learning config)")
+    ap.add_argument("--config", default="configs/cpu-learning.yaml")
+    ap.add_argument("--data", default="data/learning/train.jsonl")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    data = a.data
+    with tempfile.TemporaryDirectory() as tmp:
+        # the RL stage reads rl_data rows: id, problem, answer, source
+        rows = [json.loads(x) for x in Path(REPO / data).read_text().splitlines()]
+        data = str(Path(tmp) / "train.jsonl")
+        Path(data).write_text("".join(json.dumps({**r, "source": "arith_train"}) + "\n" for r in rows))
+        runs: dict[str, list[dict]] = {"old": [], "new": []}
+        for rnd in range(a.rounds):
+            for path in (("old", "new") if rnd % 2 == 0 else ("new", "old")):
+                wd = Path(tmp) / f"{path}{rnd}"
+                runs[path].append(run_once(a.model, data, _params(a.config, a.steps, path == "new", a.seed), wd))
+                s = summary(runs[path][-1])
+                print(f"round {rnd} {path}: {s['step_s']:.1f} s/step (rollout {s['rollout_s']:.1f}, update "
+                      f"{s['update_s']:.1f}), {s['generated']} generated, {s['prefilled']} prefilled tokens",
+                      flush=True)
+    print("\npath  s/step  rollout s  update s  generated  prefilled  tool calls  reward")
+    means = {}
+    for path, rs in runs.items():
+        ss = [summary(r) for r in rs]
+        means[path] = {k: statistics.fmean(s[k] for s in ss) for k in ss[0]}
+        m = means[path]
+        print(f"{path:<5} {m['step_s']:6.1f} {m['rollout_s']:10.1f} {m['update_s']:9.1f} {m['generated']:10.0f} "
+              f"{m['prefilled']:10.0f} {m['tool_calls']:11.0f} {m['reward']:7.3f}")
+    o, n = means["old"], means["new"]
+    print(f"\nold / new: {o['step_s'] / n['step_s']:.2f}x per step, {o['rollout_s'] / n['rollout_s']:.2f}x rollout, "
+          f"{o['update_s'] / n['update_s']:.2f}x update, {o['prefilled'] / n['prefilled']:.1f}x prefilled tokens")
+    same = [sum(a_["turns"] == b_["turns"] for a_, b_ in zip(ro["rollouts"], rn["rollouts"])) / len(ro["rollouts"])
+            for ro, rn in zip(runs["old"], runs["new"])]
+    print(f"equal work: {statistics.fmean(same):.0%} of trajectories identical on both paths; generated tokens "
+          f"old {o['generated']:.0f} vs new {n['generated']:.0f}")
+
+
+if __name__ == "__main__":
+    main()
