@@ -1,19 +1,24 @@
-"""rl/shared_prefix: the update's log-probabilities, entropies and gradients with the shared prompt prefix forwarded
-once equal TRL's whole-row forward (float64, a tiny random Qwen3)."""
+"""rl/shared_prefix: training forwards with the batch's shared prompt prefix run once give the log-probabilities,
+entropies, token flags and gradients of TRL's whole-row fused forward (float64 tiny random Qwen3), for the GRPO
+layout (left-padded prompts, right-padded completions) and the SFT layout (right-padded conversations)."""
+
+import copy
 
 import pytest
 import torch
 from trl.trainer.utils import add_fused_lm_head
 
 from rstar2.models import tiny_qwen3
-from rstar2.rl.shared_prefix import MIN_PREFIX, common_prefix, shared_prefix_logps
+from rstar2.rl import shared_prefix
+from rstar2.rl.shared_prefix import MIN_PREFIX, common_prefix
 
 K = 9
+FIELDS = ("log_probs", "entropy", "is_top1")
 
 
-def _batch(prefix_len: int):
-    """4 rows: a common prefix, row-specific prompt tails of different lengths (left-padded), completions of
-    different lengths (right-padded)."""
+def _grpo_batch(prefix_len: int):
+    """4 rows: a common prefix, row-specific prompt tails (left-padded), completions (right-padded); labels as TRL's
+    GRPO loss builds them (completion tokens only)."""
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(5, 500, (prefix_len,), generator=g).tolist()
     tails = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (3, 7, 1, 5)]
@@ -24,17 +29,35 @@ def _batch(prefix_len: int):
         p = prefix + t
         ids.append([0] * (P - len(p)) + p + c + [0] * (K - len(c)))
         mask.append([0] * (P - len(p)) + [1] * len(p) + [1] * len(c) + [0] * (K - len(c)))
-    return torch.tensor(ids), torch.tensor(mask)
-
-
-def _trl_logps(model, ids, mask, positions=False):
-    """What TRL 1.16's _get_per_token_logps_and_entropies computes for one chunk; ``positions``: with the rollout's
-    position ids (counted over real tokens) instead of TRL's (counted from the first column, padding included)."""
+    ids, mask = torch.tensor(ids), torch.tensor(mask)
     labels = ids.masked_fill(mask == 0, -100)
     labels[:, :-K] = -100
-    extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if positions else {}
-    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, **extra)
-    return out.log_probs[:, -K:], out.entropy[:, -K:]
+    return ids, mask, labels
+
+
+def _sft_batch(prefix_len: int):
+    """3 conversations sharing a system prefix, right-padded; loss on two spans of each (assistant turns)."""
+    g = torch.Generator().manual_seed(2)
+    prefix = torch.randint(5, 500, (prefix_len,), generator=g).tolist()
+    bodies = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (12, 20, 7)]
+    T = prefix_len + 20
+    ids = torch.tensor([prefix + b + [0] * (T - prefix_len - len(b)) for b in bodies])
+    mask = torch.tensor([[1] * (prefix_len + len(b)) + [0] * (T - prefix_len - len(b)) for b in bodies])
+    labels = torch.full_like(ids, -100)
+    for i, b in enumerate(bodies):
+        labels[i, prefix_len + 2: prefix_len + 5] = ids[i, prefix_len + 2: prefix_len + 5]
+        labels[i, prefix_len + len(b) - 3: prefix_len + len(b)] = ids[i, prefix_len + len(b) - 3: prefix_len + len(b)]
+    return ids, mask, labels
+
+
+def _models():
+    model, _ = tiny_qwen3(hidden_size=32, num_layers=2, num_heads=4, seed=7)
+    model = model.double()
+    plain = copy.deepcopy(model)
+    for m in (model, plain):
+        add_fused_lm_head(m, temperature=0.8, outputs=("log_probs", "entropy", "is_top1"))
+    shared_prefix.install(model)
+    return model, plain
 
 
 def test_common_prefix_leaves_each_row_a_token():
@@ -43,49 +66,45 @@ def test_common_prefix_leaves_each_row_a_token():
     assert common_prefix([[7, 1], [8, 1]]) == 0
 
 
-def test_logps_entropies_and_gradients_equal_the_whole_row_forward():
-    model, _ = tiny_qwen3(hidden_size=32, num_layers=2, num_heads=4, seed=7)
-    model = model.double()
-    add_fused_lm_head(model, temperature=0.8, outputs=("log_probs", "entropy"))
-    ids, mask = _batch(40)
-    w = torch.randn(ids.shape[0], K, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    comp_mask = mask[:, -K:].double()
-
-    def grads(fn):
-        model.zero_grad()
-        logps, ent = fn()
-        ((logps * w * comp_mask).sum() + 0.1 * (ent * comp_mask).sum()).backward()
-        return logps.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    got_lp, got_ent, got_g = grads(lambda: shared_prefix_logps(model, ids, mask, K, True, pad_id=0))
-    on = comp_mask.bool()
-    assert (got_lp[~on] == 0).all()
-    # Against the whole-row forward with the same positions, and with TRL's own (numbered from the first column,
-    # padding included: RoPE depends on position differences only). transformers computes RMSNorm and the rotary
-    # angles in float32 even in a float64 model, so agreement is to float32 precision (a wrong prefix, mask or label
-    # alignment differs in the first digit).
-    for positions in (True, False):
-        ref_lp, ref_ent, ref_g = grads(lambda: _trl_logps(model, ids, mask, positions))
-        torch.testing.assert_close(got_lp[on], ref_lp[on], rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(got_ent[on], ref_ent[on], rtol=1e-6, atol=1e-6)
-        for n in ref_g:
-            torch.testing.assert_close(got_g[n], ref_g[n], rtol=1e-5, atol=2e-6, msg=n)
-
-
-def test_a_short_common_prefix_falls_back_to_whole_rows():
-    model, _ = tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4, seed=7)
-    add_fused_lm_head(model)
-    ids, mask = _batch(MIN_PREFIX - 2)
-    assert shared_prefix_logps(model, ids, mask, K, False, pad_id=0) is None
-
-
-@pytest.mark.parametrize("prefix_len", [MIN_PREFIX, 64])
-def test_fewer_positions_are_forwarded(prefix_len):
-    model, _ = tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4, seed=7)
-    add_fused_lm_head(model)
+@pytest.mark.parametrize("layout", ["grpo", "sft"])
+def test_outputs_and_gradients_equal_the_whole_row_forward(layout):
+    model, plain = _models()
+    ids, mask, labels = (_grpo_batch if layout == "grpo" else _sft_batch)(40)
+    w = torch.randn(ids.shape[0], ids.shape[1] - 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     seen = []
-    forward = model.forward
-    model.forward = lambda *a, **kw: (seen.append(kw["input_ids"].numel()), forward(*a, **kw))[1]
-    ids, mask = _batch(prefix_len)
-    shared_prefix_logps(model, ids, mask, K, False, pad_id=0)
-    assert seen == [ids.shape[0] * (7 + K)]   # each row's remainder only: its longest tail is 7 tokens
+    fwd = model.model.forward
+    model.model.forward = lambda *a, **kw: (seen.append(kw["input_ids"].shape), fwd(*a, **kw))[1]
+
+    def run(m):
+        m.zero_grad()
+        out = m(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        ((out.log_probs * w).sum() + 0.1 * out.entropy.sum()).backward()
+        return out, {n: p.grad.clone() for n, p in m.named_parameters()}
+
+    got, got_g = run(model)
+    ref, ref_g = run(plain)
+    assert seen[0] == (1, 39) and seen[1][1] < ids.shape[1] - 30   # the prefix once, then the remainders only
+    assert torch.equal(got.label_mask, ref.label_mask)
+    # transformers computes RMSNorm and the rotary angles in float32 even in a float64 model, so agreement is to
+    # float32 precision; a wrong prefix, mask or label alignment differs in the first digit
+    for f in FIELDS:
+        torch.testing.assert_close(getattr(got, f), getattr(ref, f), rtol=1e-6, atol=1e-6, msg=f)
+    torch.testing.assert_close(got.loss, ref.loss, rtol=1e-6, atol=1e-6)
+    for n in ref_g:
+        torch.testing.assert_close(got_g[n], ref_g[n], rtol=1e-5, atol=2e-6, msg=n)
+
+
+def test_short_or_labelled_prefixes_and_other_calls_take_the_whole_row_path():
+    model, plain = _models()
+    calls = []
+    fwd = model.model.forward
+    model.model.forward = lambda *a, **kw: (calls.append(kw["input_ids"].shape), fwd(*a, **kw))[1]
+    short, smask, slabels = _grpo_batch(MIN_PREFIX - 2)
+    model(input_ids=short, attention_mask=smask, labels=slabels, fused_lm_head=True)
+    ids, mask, labels = _sft_batch(40)
+    labels[:, 5] = ids[:, 5]          # a loss inside the prefix
+    model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    model(input_ids=ids, attention_mask=mask)                                 # generation-style call, no labels
+    assert [c[1] for c in calls] == [short.shape[1], ids.shape[1], ids.shape[1]]   # whole rows every time
+    with pytest.raises(ValueError, match="fused LM head"):
+        shared_prefix.install(tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4, seed=1)[0])

@@ -1,77 +1,125 @@
-"""The update's log-probabilities with the batch's shared prompt prefix forwarded once (issue 19).
+"""Training forwards with the batch's shared prompt prefix run once (issue 19).
 
-Every trajectory of an RL batch starts with the same tokens: the system prompt with the tool schema (about 300 of
-the ~400 prompt tokens on the bundled task). TRL's GRPO loss forwards every row whole, so that prefix is run once per
-row, and its LM head is applied at every position on a CPU (TRL's fused head scores all positions off Triton). Here
-the longest prefix common to all rows is forwarded once with gradients, its keys and values are expanded to every
-row, and only each row's remainder (the rest of its prompt and its completion) is forwarded on top of it through
-TRL's fused LM head. The arithmetic is the same as the whole-row forward (the expanded keys and values receive the
-sum of every row's gradient), so log-probabilities and gradients agree to rounding (``tests/test_shared_prefix.py``).
+Every row of an SFT or RL batch starts with the same tokens: the system prompt with the tool schema (378 of the
+~530 tokens of a bundled SFT example, 378 of the ~400 prompt tokens of an RL trajectory). TRL's losses forward every
+row whole, so that prefix is computed once per row (and, on a CPU, TRL's fused LM head scores every position). With
+``install(model)``, a fused forward (``model(..., labels=..., fused_lm_head=True)``, what TRL's SFT and GRPO losses
+call) whose rows share at least ``MIN_PREFIX`` leading tokens with no loss on them instead:
 
-Only for a model that is not wrapped for data parallelism: DDP, FSDP and ZeRO-3 hook their collectives into the
-wrapper's forward, which calling the backbone directly would bypass (the trainer uses this path on one process).
+1. forwards the shared prefix once, with gradients, and expands its keys and values to every row;
+2. forwards each row's remainder (its real tokens after the prefix) on top of it through TRL's fused head;
+3. scatters the per-token outputs back to the positions the caller expects ([B, T - 1], zeros where ignored).
+
+The arithmetic is that of the whole-row forward (the expanded keys and values receive the sum of every row's
+gradient), so log-probabilities, entropies and gradients agree to rounding (``tests/test_shared_prefix.py``).
+Anything else (no labels, a pre-shifted label layout, a cache, one row, a short or labelled prefix) goes to the
+unchanged forward. Install only on a model that is not wrapped for data parallelism: DDP, FSDP and ZeRO-3 hook
+their collectives into the wrapper's forward, which calling the backbone directly would bypass.
 """
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 MIN_PREFIX = 16   # tokens; a shorter common prefix is not worth a second forward call
+_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 
 
 def common_prefix(rows: list[list[int]]) -> int:
     """Length of the longest prefix all ``rows`` share, leaving every row at least one token of its own."""
-    n = min(len(r) for r in rows) - 1
+    n = max(min(len(r) for r in rows) - 1, 0)
     first = rows[0]
-    for i in range(max(n, 0)):
+    for i in range(n):
         t = first[i]
         if any(r[i] != t for r in rows):
             return i
-    return max(n, 0)
+    return n
 
 
-def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                        compute_entropy: bool, pad_id: int):
-    """Per-token log-probabilities (and entropies) of the last ``logits_to_keep`` positions, as TRL's
-    ``_get_per_token_logps_and_entropies`` returns them, computed with the common prompt prefix forwarded once.
-
-    Args:
-        model: a causal LM patched with TRL's ``add_fused_lm_head`` (``fused_lm_head=True`` forwards).
-        input_ids, attention_mask: [B, T] (prompt left-padded, then ``logits_to_keep`` completion positions).
-        logits_to_keep: K, the completion length.
-        compute_entropy: also return entropies. pad_id: the id written into padding.
-    Returns:
-        ``(logps [B, K], entropies [B, K] or None)``, or None when the rows share fewer than ``MIN_PREFIX`` prompt
-        tokens (the caller then forwards whole rows).
-    """
+def _plan(input_ids, attention_mask, labels):
+    """(prefix length s, each row's real-token columns) when the shared path applies, else None. The prefix ends one
+    token before the rows diverge: the prediction made at its last token is a row's own."""
     B, T = input_ids.shape
-    K = logits_to_keep
-    prompts = [input_ids[b, : T - K][attention_mask[b, : T - K].bool()].tolist() for b in range(B)]
-    s = common_prefix(prompts)
+    if B < 2 or attention_mask is None:
+        return None
+    cols = [attention_mask[b].nonzero().squeeze(-1) for b in range(B)]
+    seqs = [input_ids[b, c].tolist() for b, c in zip(range(B), cols)]
+    s = common_prefix(seqs) - 1
     if s < MIN_PREFIX:
         return None
+    for b, c in enumerate(cols):  # no loss on what the prefix predicts (the prompt's own tokens): else whole rows
+        nxt = c[1:s + 1]
+        if bool((labels[b, nxt] != -100).any()):
+            return None
+    return s, cols
+
+
+def _shared_forward(self, original, input_ids, attention_mask, labels, plan, num_items_in_batch, kwargs):
+    s, cols = plan
+    B, T = input_ids.shape
     device = input_ids.device
-    backbone = getattr(model, model.base_model_prefix)
-    prefix = backbone(input_ids=input_ids.new_tensor([prompts[0][:s]]), use_cache=True).past_key_values
-    for layer in prefix.layers:   # every row attends to the one prefix; backward sums the rows' gradients into it
+    backbone = getattr(self, self.base_model_prefix)
+    prefix = backbone(input_ids=input_ids[:1, cols[0][:s]], use_cache=True).past_key_values
+    for layer in prefix.layers:   # every row attends to the one prefix; backward sums their gradients into it
         layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
-    R = max(len(p) - s for p in prompts)
-    rem = torch.full((B, R + K), pad_id, dtype=input_ids.dtype, device=device)
-    rem_mask = torch.zeros((B, R + K), dtype=attention_mask.dtype, device=device)
-    for b, p in enumerate(prompts):
-        rest = p[s:]
-        rem[b, R - len(rest):R] = torch.tensor(rest, dtype=input_ids.dtype, device=device)
-        rem_mask[b, R - len(rest):R] = 1
-    rem[:, R:] = input_ids[:, T - K:]
-    rem_mask[:, R:] = attention_mask[:, T - K:]
+    rest = [c[s:] for c in cols]
+    R = max(len(r) for r in rest)
+    rem = input_ids.new_zeros(B, R)
+    rem_mask = attention_mask.new_zeros(B, R)
+    shift = torch.full((B, R), -100, dtype=labels.dtype, device=device)
+    for b, r in enumerate(rest):
+        off = R - len(r)
+        rem[b, off:] = input_ids[b, r]
+        rem_mask[b, off:] = 1
+        nxt = r + 1                        # the column each remainder token predicts
+        inside = nxt < T
+        shift[b, off:][inside] = labels[b, nxt[inside]]
     full_mask = torch.cat([rem_mask.new_ones(B, s), rem_mask], dim=1)
     positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, s:]
-    # position R - 1 + i predicts completion token i (the last prompt token predicts the first)
-    labels = torch.full_like(rem, -100)
-    comp = input_ids[:, T - K:].masked_fill(attention_mask[:, T - K:] == 0, -100)
-    labels[:, R - 1:R - 1 + K] = comp
-    out = model(input_ids=rem, attention_mask=full_mask, position_ids=positions, past_key_values=prefix,
-                shift_labels=labels, fused_lm_head=True)
-    logps = out.log_probs[:, R - 1:R - 1 + K]
-    entropy = out.entropy[:, R - 1:R - 1 + K] if compute_entropy and out.entropy is not None else None
-    return logps, entropy
+    out = original(input_ids=rem, attention_mask=full_mask, position_ids=positions, past_key_values=prefix,
+                   shift_labels=shift, fused_lm_head=True, num_items_in_batch=num_items_in_batch, **kwargs)
+    # back to the caller's layout: position c (of T - 1) predicts column c + 1
+    label_mask = torch.zeros(B, T - 1, dtype=torch.bool, device=device)
+    for b, r in enumerate(rest):
+        keep = r < T - 1
+        label_mask[b, r[keep]] = out.label_mask[b, R - len(r):][keep]
+    for name in _FIELDS:
+        value = getattr(out, name, None)
+        if value is None:
+            continue
+        full = value.new_zeros(B, T - 1)
+        idx_b = torch.cat([torch.full_like(r[r < T - 1], b) for b, r in enumerate(rest)])
+        idx_c = torch.cat([r[r < T - 1] for r in rest])
+        src = torch.cat([value[b, R - len(r):][r < T - 1] for b, r in enumerate(rest)])
+        setattr(out, name, full.index_put((idx_b, idx_c), src))
+    out.label_mask = label_mask
+    return out
+
+
+def install(model) -> None:
+    """Route ``model``'s fused training forwards through the shared-prefix path (call after TRL's
+    ``add_fused_lm_head``; idempotent). Raises ValueError on a model without TRL's fused forward."""
+    original = model.forward
+    if getattr(original, "_rstar2_shared_prefix", False):
+        return
+    func = getattr(original, "__func__", None)
+    if func is None or "fused_lm_head" not in func.__code__.co_varnames:
+        raise ValueError("install() needs TRL's fused LM head on the model (trl.trainer.utils.add_fused_lm_head)")
+
+    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):
+        input_ids, mask = kw.get("input_ids"), kw.get("attention_mask")
+        plan = None
+        if fused_lm_head and not args and labels is not None and shift_labels is None and input_ids is not None \
+                and kw.get("past_key_values") is None and kw.get("position_ids") is None and \
+                set(kw) <= {"input_ids", "attention_mask", "use_cache"}:
+            plan = _plan(input_ids, mask, labels)
+        if plan is None:
+            return original(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
+                            num_items_in_batch=num_items_in_batch, **kw)
+        extra = {k: v for k, v in kw.items() if k not in ("input_ids", "attention_mask", "use_cache")}
+        return _shared_forward(self, original, input_ids, mask, labels, plan, num_items_in_batch, extra)
+
+    forward._rstar2_shared_prefix = True
+    model.forward = types.MethodType(forward, model)
