@@ -186,8 +186,7 @@ def test_every_stage_parameter_is_the_schema_default_on_a_minimal_config(minimal
 
     sft = to_dict(P.sft(cfg))
     assert {k: sft[k] for k in schema_defaults("sft")} == schema_defaults("sft")
-    trainer = {"device": dist["device"], "bf16": dist["bf16"], "gradient_checkpointing": dist["gradient_checkpointing"],
-               "vllm": vllm}
+    trainer = {k: dist[k] for k in ("device", "bf16", "gradient_checkpointing", "shared_prefix")} | {"vllm": vllm}
     assert sft["trainer"] == trainer and sft["seed"] == SCHEMA["properties"]["seed"]["default"]
 
     base = to_dict(P.base_model(cfg))

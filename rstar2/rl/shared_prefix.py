@@ -100,7 +100,11 @@ def _shared_forward(self, original, input_ids, attention_mask, labels, plan, num
 
 def install(model) -> None:
     """Route ``model``'s fused training forwards through the shared-prefix path (call after TRL's
-    ``add_fused_lm_head``; idempotent). Raises ValueError on a model without TRL's fused forward."""
+    ``add_fused_lm_head``; idempotent). ``model.shared_prefix_calls`` counts the forwards that took it.
+
+    Raises:
+        ValueError: the model has no TRL fused forward.
+    """
     original = model.forward
     if getattr(original, "_rstar2_shared_prefix", False):
         return
@@ -119,6 +123,7 @@ def install(model) -> None:
             return original(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                             num_items_in_batch=num_items_in_batch, **kw)
         extra = {k: v for k, v in kw.items() if k not in ("input_ids", "attention_mask", "use_cache")}
+        self.shared_prefix_calls = getattr(self, "shared_prefix_calls", 0) + 1
         return _shared_forward(self, original, input_ids, mask, labels, plan, num_items_in_batch, extra)
 
     forward._rstar2_shared_prefix = True

@@ -56,6 +56,7 @@ class TrainerParams:
     device: str
     bf16: bool
     gradient_checkpointing: bool
+    shared_prefix: bool
     vllm: VLLMParams
 
 
@@ -231,7 +232,7 @@ def _rollout(config: dict, budget: dict, temperature: float, top_p: float, batch
 
 def _trainer(config: dict) -> TrainerParams:
     d = config["distributed"]
-    return parse(TrainerParams, {k: d[k] for k in ("device", "bf16", "gradient_checkpointing", "vllm")},
+    return parse(TrainerParams, {k: d[k] for k in ("device", "bf16", "gradient_checkpointing", "shared_prefix", "vllm")},
                  "distributed")
 
 

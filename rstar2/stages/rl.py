@@ -172,6 +172,10 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     callbacks = [callback] + _heldout_callbacks(p, heldout, out, ps.is_main_process)
     trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
                                    processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks)
+    if p.trainer.shared_prefix and ps.num_processes == 1:  # a DDP/FSDP/ZeRO-3 wrapper must see every forward
+        from ..rl import shared_prefix
+
+        shared_prefix.install(trainer.model)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     trainer.save_model(str(out / "model"))  # every process: gathers ZeRO-3 / FSDP shards; the main one writes
     ps.wait_for_everyone()
@@ -183,6 +187,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     write_manifest(out, stage=p.name, params=to_dict(p), inputs=[model_dir, data_path],
                    counts={"steps": len(metrics), "updates_skipped": sum(bool(m.get("update_skipped")) for m in metrics),
                            "train_problems": len(rows), "resumed_from_step": resume_step,
+                           "shared_prefix_forwards": getattr(trainer.model, "shared_prefix_calls", 0),
                            "rollouts": sum(1 for _ in open(out / "rollouts.jsonl")) if (out / "rollouts.jsonl").exists() else 0},
                    started=t0)
     shutil.rmtree(ckpt_root, ignore_errors=True)  # after the manifest: a finished stage needs no checkpoints

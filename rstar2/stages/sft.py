@@ -113,6 +113,10 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
 
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),
                          processing_class=tok, callbacks=[_Log()])
+    if p.trainer.shared_prefix and ps.num_processes == 1:  # a DDP/FSDP/ZeRO-3 wrapper must see every forward
+        from ..rl import shared_prefix
+
+        shared_prefix.install(trainer.model)
     trainer.train()
     tok.padding_side = "left"
     trainer.save_model(str(out / "model"))  # every process: gathers ZeRO-3 / FSDP shards; the main one writes
@@ -125,6 +129,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     lengths = [len(e["input_ids"]) for e in examples]
     counts = {"examples": len(examples), "dropped_too_long": len(dropped), "max_tokens": max(lengths),
               "trained_tokens": sum(sum(e["assistant_masks"]) for e in examples),
-              "optimizer_steps": trainer.state.global_step}
+              "optimizer_steps": trainer.state.global_step,
+              "shared_prefix_forwards": getattr(trainer.model, "shared_prefix_calls", 0)}
     write_json(out / "dropped.json", dropped)
     write_manifest(out, stage="sft", params=to_dict(p), inputs=[model_dir, data_path], counts=counts, started=t0)
