@@ -1,10 +1,11 @@
 """One RL step of the learning task on the old and the new CPU rollout path, same work (issue 19).
 
 Runs the real RL stage (``rstar2.stages.rl.run``: rollouts through the agent loop and the sandbox, grading,
-GRPO-RoC selection, one TRL update per step) for ``--steps`` steps from one SFT model, once with
-``rollout.kv_reuse: false`` (every turn re-prefills its whole context, each of a group's 2G rollouts prefills the
-prompt: the old path) and once with ``true`` (each trajectory's KV cache kept across turns, a group's prompt
-prefilled once), in fresh processes, alternating ``--rounds`` times. Same config, seed and prompts; sampling draws
+GRPO-RoC selection, one TRL update per step) for ``--steps`` steps from one SFT model, on the old path
+(``rollout.kv_reuse: false``: every turn re-prefills its whole context, each of a group's 2G rollouts prefills the
+prompt; ``distributed.shared_prefix: false``: the update forwards every row whole) and on the new one (each
+trajectory's KV cache kept across turns, a group's prompt prefilled once, the update forwards the batch's shared
+prompt prefix once), in fresh processes, alternating ``--rounds`` times. Same config, seed and prompts; sampling draws
 from per-trajectory counter-based streams, so both paths sample the same tokens wherever their logits agree (bf16
 rounding can flip a rare token: the script counts identical trajectories and tokens, so "equal work" is checked,
 not assumed).
@@ -45,11 +46,12 @@ json.dump({"prefilled": [e.prefilled_tokens for e in made]}, open(out + "/engine
 """
 
 
-def _params(config: str, steps: int, kv_reuse: bool, seed: int) -> dict:
+def _params(config: str, steps: int, new: bool, seed: int) -> dict:
     from rstar2.params import to_dict
     from rstar2.stages import params as P
 
-    cfg = P.validated_config(REPO, (config,), ({"seed": seed, "rollout": {"kv_reuse": kv_reuse}, "rl": {
+    cfg = P.validated_config(REPO, (config,), ({"seed": seed, "rollout": {"kv_reuse": new},
+                                                "distributed": {"shared_prefix": new}, "rl": {
         "checkpoint_every": 0, "heldout": {"benchmark": None},
         "stages": {"stage1": {"steps": steps}}}},))
     return to_dict(P.rl(cfg, "stage1"))
