@@ -137,7 +137,7 @@ def rl_data_files():
 
 
 def sft_data_files():
-    return _local([s.get("path") for s in config["sft_data"].values() if s and s.get("limit", 1) != 0])
+    return _local([s["path"] for s in config["sft_data"]["sources"] if s.get("path") and s.get("limit") != 0])
 
 
 def benchmark_files():
@@ -146,7 +146,8 @@ def benchmark_files():
 
 def rl_data_params():
     # only the benchmarks it decontaminates against: adding an evaluation benchmark must not rerun curation
-    rl = config["rl_data"]
+    # max_prompt_tokens belongs to the rl_data rule (it needs the base model's tokenizer), not to curation
+    rl = {k: v for k, v in config["rl_data"].items() if k != "max_prompt_tokens"}
     return as_json({**rl, "benchmarks": {b: config["benchmarks"][b] for b in rl["decontaminate_against"]},
                     "seed": config["seed"]})
 
@@ -171,10 +172,20 @@ def verifier_model_arg():
     return f"--model {_verifier_dir()}/model" if _verifier_dir() else ""
 
 
+def prompt_tokenizer_inputs():
+    # the prompt-length filter counts tokens with the policy's tokenizer, the base model's
+    return ["results/base_model/manifest.json"] if config["rl_data"]["max_prompt_tokens"] else []
+
+
+def prompt_tokenizer_arg():
+    return "--tokenizer results/base_model/model" if config["rl_data"]["max_prompt_tokens"] else ""
+
+
 def label_verification_params():
     lv = config["label_verification"]
     return as_json({"enabled": lv["enabled"], "samples": lv["samples"], "min_matches": lv["min_matches"],
-                    "only_sources": lv["only_sources"], **_tools(),
+                    "only_sources": lv["only_sources"], "max_prompt_tokens": config["rl_data"]["max_prompt_tokens"],
+                    **_tools(),
                     "rollout": _rollout(lv, lv["temperature"], lv["top_p"], lv["batch_size"]),
                     "seed": config["seed"]})
 

@@ -38,18 +38,21 @@ rule verifier_model:
         "rstar2 base-model --params {params.p:q} --out results/verifier_model 2>&1 | tee {log}"
 
 
-# Label verification; when label_verification.enabled is false it passes the candidates through and records
-# the step as "skipped" in the funnel.
+# The prompt-length filter (rl_data.max_prompt_tokens, with the base model's tokenizer), then label
+# verification; when label_verification.enabled is false it passes the rows through and records the step as
+# "skipped" in the funnel.
 rule rl_data:
     input:
         "results/rl_candidates/manifest.json",
         verifier_inputs(),
+        prompt_tokenizer_inputs(),
     output:
         "results/rl_data/manifest.json",
         report("results/rl_data/funnel.png", caption="../report/funnel.rst", category="Data"),
     params:
         p=label_verification_params(),
         model=verifier_model_arg(),
+        tokenizer=prompt_tokenizer_arg(),
     conda:
         "../../envs/rstar2.yaml"
     log:
@@ -61,7 +64,8 @@ rule rl_data:
         **job_resources("generate"),
     shell:
         "rstar2 label-verification --params {params.p:q} --data results/rl_candidates/train.jsonl"
-        " --funnel results/rl_candidates/funnel.json {params.model} --out results/rl_data 2>&1 | tee {log}"
+        " --funnel results/rl_candidates/funnel.json {params.model} {params.tokenizer} --out results/rl_data"
+        " 2>&1 | tee {log}"
 
 
 # Mining feeds stage 3 only.
