@@ -26,10 +26,12 @@ PROBLEMS = ("arith-train-00220", "arith-train-00210")
 
 @pytest.mark.slow
 def test_short_rl_run_raises_the_reward(tmp_path):
+    from rstar2 import chat
     from rstar2.stages import base_model, rl, sft, sft_data
 
     base_model.run({"source": "smollm2_wheel", "seed": 0}, str(tmp_path / "base"))
-    sft_data.run({"glaive": None, "toolformer": None, "alpaca": None, "string_tools": {"n": 96}, "seed": 0},
+    sft_data.run({"sources": [{"name": "string_tools", "generate": "string_tools", "n": 96}], "seed": 0,
+                  "tool_name": chat.DEFAULT_TOOL_NAME, "tool_timeout_s": 5.0, "max_tool_chars": 256},
                  str(tmp_path / "sft_data"))
     sft.run({"epochs": 1, "learning_rate": 1e-4, "batch_size": 8, "grad_accum": 1, "max_length": 1024,
              "warmup_ratio": 0.1, "seed": 0, "limit": 0, "trainer": {"bf16": True}},
