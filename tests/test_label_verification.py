@@ -64,7 +64,7 @@ def test_keeps_problems_whose_label_is_matched_at_least_min_matches_times(tmp_pa
     assert f["decontamination"] == {"aime24": 1}  # earlier keys are kept for the report
     assert (out / "funnel.png").stat().st_size > 1000
     assert (out / "funnel.csv").read_text().splitlines()[0] == \
-        "source,loaded,decontaminate,label_verification,dropped:contaminated,dropped:label_mismatch"
+        "source,loaded,decontaminate,prompt_length,label_verification,dropped:contaminated,dropped:label_mismatch"
     assert read_json(out / "manifest.json")["counts"]["label_mismatch"] == 2
 
 
