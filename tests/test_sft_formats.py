@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from rstar2 import chat
+from rstar2.data.sft import sharegpt
 from rstar2.io import read_json, read_jsonl
 from rstar2.stages import sft_data
 
@@ -99,8 +100,10 @@ def test_openai_messages_with_parallel_tool_calls_renamed_field_and_drops(tmp_pa
     assert m[0]["content"].startswith(chat.SYSTEM_PROMPT + "\n\nYou are a travel agent.\n\n# Tools")
     assert json.dumps({"type": "function", "function": WEATHER}) in m[0]["content"]
     # one call per turn, each followed by its own result (paired by tool_call_id)
-    assert _calls(m[2]) == [{"name": "get_weather", "arguments": {"city": "Paris"}}] and m[3]["content"] == '{"temp": 18}'
-    assert _calls(m[4]) == [{"name": "get_weather", "arguments": {"city": "Rome"}}] and m[5]["content"] == '{"temp": 25}'
+    assert _calls(m[2]) == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert m[3]["content"] == '{"temp": 18}'
+    assert _calls(m[4]) == [{"name": "get_weather", "arguments": {"city": "Rome"}}]
+    assert m[5]["content"] == '{"temp": 25}'
     assert m[6]["content"].endswith("<answer>Paris is 18 degrees and Rome 25.</answer>")
     assert m[8]["content"].endswith("<answer>Pack an umbrella.</answer>") and "Let me check" not in json.dumps(m)
     h = rows["chat-1"]["messages"]
@@ -195,7 +198,8 @@ def test_python_tool_calls_become_the_code_tool_and_are_rerun_when_execute_is_on
     assert stats["py"]["dropped"] == {"exec_error": 1, "nondeterministic_code": 1, "output_mismatch": 1}
     assert stats["py"]["sandbox"]["calls"] == 3     # the nondeterministic code never ran
     system, user, call, tool, reply = rows["py-0"]["messages"]
-    assert json.dumps(chat.python_tool_schema(TOOL)) in system["content"] and '"name": "python"' not in system["content"]
+    assert json.dumps(chat.python_tool_schema(TOOL)) in system["content"]
+    assert '"name": "python"' not in system["content"]
     assert chat.tool_call_text("print(len('hello'))", "", TOOL) in call["content"]
     (parsed,) = chat.parse_tool_calls(call["content"], TOOL)
     assert parsed.error is None and tool["content"] == "5"
@@ -247,7 +251,8 @@ BROKEN = {
     "missing field": ("m.jsonl", [{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]},
                                   {"tools": ""}],
                       {"format": "sharegpt"}, ["row 1: missing field 'conversations'", "fields.conversations"]),
-    "unknown role": ("r.jsonl", [{"conversations": [{"from": "human", "value": "Hi"}, {"from": "narrator", "value": "x"}]}],
+    "unknown role": ("r.jsonl", [{"conversations": [{"from": "human", "value": "Hi"},
+                                                    {"from": "narrator", "value": "x"}]}],
                      {"format": "sharegpt"}, ["row 0: field 'conversations.1.from'", "unknown role 'narrator'"]),
     "renamed field absent": ("n.jsonl", [{"instruction": "Hi", "reply": "Yo"}],
                              {"format": "alpaca", "fields": {"output": "answer_text"}},
@@ -259,7 +264,8 @@ BROKEN = {
     "object where text belongs": ("o.jsonl", [{"instruction": {"a": 1}, "output": "x"}], {"format": "alpaca"},
                                   ["row 0: field 'instruction'", "expected text"]),
     "broken json line": ("b.jsonl", None, {"format": "alpaca"}, ["line 2 (1-based) is not valid JSON"]),
-    "duplicate id": ("d.jsonl", [{"instruction": "a", "output": "b", "k": 1}, {"instruction": "c", "output": "d", "k": 1}],
+    "duplicate id": ("d.jsonl", [{"instruction": "a", "output": "b", "k": 1},
+                                 {"instruction": "c", "output": "d", "k": 1}],
                      {"format": "alpaca", "fields": {"id": "k"}}, ["row 1: duplicate id 'bad-1'", "fields.id"]),
 }
 
@@ -309,7 +315,7 @@ def test_cli_prints_the_error_as_one_line_and_exits_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"rstar2 sft-data: error: sft_data source 'mine' (file {path}): row 0: field 'conversations.1.from' "
-        f"(fields.conversations): unknown role 'narrator'; expected one of {sorted(__import__('rstar2.data.sft.sharegpt', fromlist=['ROLES']).ROLES)}"]
+        f"(fields.conversations): unknown role 'narrator'; expected one of {sorted(sharegpt.ROLES)}"]
 
 
 def test_the_custom_sft_example_config_runs_as_is(tmp_path):

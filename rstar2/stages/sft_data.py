@@ -79,8 +79,9 @@ def run(params: dict, out_dir: str) -> None:
                   file=sys.stderr)
         stats["sources"][ctx.name] = st
     if not rows_all:
-        raise ValueError("sft_data: no conversations: every source has limit 0 or n 0, or lost all its rows "
-                         f"(per source: { {k: v.get('skipped') or v['dropped'] for k, v in stats['sources'].items()} })")
+        why = {k: v.get("skipped") or v["dropped"] for k, v in stats["sources"].items()}
+        raise ValueError(f"sft_data: no conversations: every source has limit 0 or n 0, or lost all its rows "
+                         f"(per source: {why})")
     ids = [r["id"] for r in rows_all]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]

@@ -91,9 +91,9 @@ def convert(spec: dict, ctx: Context, base_dir: Path | str) -> tuple[list[tuple[
         return items, {"path": None, **kind, "rows_available": len(items), "rows_in": len(items),
                        "dropped": Counter()}
     module, fields = FORMATS[spec["format"]], _field_map(spec)
-    frame, where = loaders.read_table({"name": spec["name"], "path": spec["path"], "format": spec.get("file_type"),
-                                       "config": spec.get("config"), "split": spec.get("split", "train"),
-                                       "fields": fields, "filters": spec.get("filters")}, base_dir)
+    table = {"name": spec["name"], "path": spec["path"], "format": spec.get("file_type"), "fields": fields,
+             "filters": spec.get("filters"), **{k: spec[k] for k in ("config", "split") if spec.get(k)}}
+    frame, where = loaders.read_table(table, base_dir)
     records = frame.to_dict("records")
     keep = loaders.filter_indices(records, spec["filters"], spec["name"], where) if spec.get("filters") \
         else list(range(len(records)))
@@ -156,20 +156,22 @@ def _values(records: list[dict], idx: list[int], fields: dict[str, str], require
             explicit: set[str], name: str, where: str) -> dict[str, list]:
     """Each mapped role's values over the rows read (numpy containers made plain, null as None).
 
-    A required field missing in any row, or a renamed field missing in every row, is an error naming the first
-    row; an optional field under its default name that no row has is left unmapped.
+    A required field that is absent or null in any row is an error naming the first such row (a file holds
+    no difference between the two once read as a table), and so is a field mapped in ``fields`` whose column
+    the file does not have; an optional field under its default name that the file lacks is left unmapped.
     """
+    columns = sorted({str(c) for r in records for c in r})
     out = {}
     for role, col in fields.items():
         vals = [_plain(loaders.resolve_field(records[i], col)) for i in idx]
         missing = [i for i, v in zip(idx, vals) if v is None]
         strict = required.get(role, role == "id")
-        if missing and (strict or (role in explicit and len(missing) == len(vals))):
-            columns = sorted({str(c) for r in records[:1] for c in r})
+        absent = col not in columns and col.split(".")[0] not in columns
+        if missing and (strict or (role in explicit and absent)):
             raise ValueError(f"sft_data source '{name}' (file {where}): row {missing[0]}: missing field '{col}' "
                              f"(fields.{role}; {len(missing)} of {len(vals)} rows lack it); "
                              f"available columns: {columns}")
-        if len(missing) < len(vals) or strict or role in explicit:
+        if not absent or strict or role in explicit:
             out[role] = vals
     return out
 
