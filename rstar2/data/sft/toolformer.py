@@ -16,7 +16,10 @@ Drops: ``bad_instruction``, ``no_python_access``, ``other_tool_call`` (calls to 
 ``unparsable_python_call``, ``no_python_call``, ``network_code``, ``nondeterministic_code``, a failed run
 (``exec_error``, ``exec_timeout``, ...), ``empty_output`` (e.g. ``def f(): return 1; f()``), ``useless_output``
 (a bare object repr such as ``<function f at 0x..>``), and ``output_too_long`` (longer than ``max_tool_chars``:
-the answer would quote text the model never saw).
+the answer would quote text the model never saw). No math filter: as in the chat formats, a row that calls a
+tool is exempt from the prompt rule, and every Toolformer row calls one (computing with the code tool is what
+these rows teach; the prompt rule would drop 81% of the bundled file's kept rows); the reply quotes the tool's
+output, so the worked-arithmetic rule does not apply either.
 """
 
 from __future__ import annotations
