@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(flag, required=True)
         if name == "label-verification":
             p.add_argument("--model", default=None, help="verifier model folder (only when enabled)")
+            p.add_argument("--tokenizer", default=None, help="policy model folder whose tokenizer measures prompts "
+                                                             "(only with max_prompt_tokens)")
     a = parser.parse_args(argv)
     try:
         _dispatch(a)
@@ -73,7 +75,7 @@ def _dispatch(a: argparse.Namespace) -> None:
         rl_data.run(a.params, a.out)
     elif a.stage == "label-verification":
         from .stages import label_verification
-        label_verification.run(a.params, a.data, a.funnel, a.out, model_dir=a.model)
+        label_verification.run(a.params, a.data, a.funnel, a.out, model_dir=a.model, tokenizer_dir=a.tokenizer)
     elif a.stage == "sft":
         from .stages import sft
         sft.run(a.params, a.model, a.data, a.out)

@@ -22,7 +22,7 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 GPU_RULES = {"sft", "rl_stage1", "rl_stage2", "rl_stage3", "hard_problems", "evaluate", "rl_data"}
-ALL_RULES = GPU_RULES | {"base_model", "sft_data", "rl_candidates", "report"}
+ALL_RULES = GPU_RULES | {"base_model", "verifier_model", "sft_data", "rl_candidates", "report"}
 
 
 def _dry_run(*args) -> list[dict]:
@@ -82,6 +82,22 @@ def test_slurm_dry_run_lists_every_job_with_its_resources(slurm_jobs):
 
 def _params(job: dict) -> dict:
     return json.loads(shlex.split(job["shell"])[shlex.split(job["shell"]).index("--params") + 1])
+
+
+def test_dry_run_names_the_papers_data_by_hub_id(slurm_jobs):
+    """Spec §5.2 / §5.3: the paper config's sft_data and rl_candidates jobs read the paper's datasets (network);
+    the prompt-length filter of rl_data measures with the base model's tokenizer."""
+    by_rule = {j["rule"]: j for j in slurm_jobs}
+    sft = {s["name"]: s["path"] for s in _params(by_rule["sft_data"])["sources"]}
+    assert {sft[n] for n in ("toolace", "apigen_mt", "glaive", "magicoder", "tulu3_if", "nemotron_chat")} == {
+        "hub:Team-ACE/ToolACE", "hub:Salesforce/APIGen-MT-5k", "hub:hiyouga/glaive-function-calling-v2-sharegpt",
+        "hub:ise-uiuc/Magicoder-OSS-Instruct-75K", "hub:allenai/tulu-3-sft-personas-instruction-following",
+        "hub:nvidia/Llama-Nemotron-Post-Training-Dataset"}
+    rl = [s["path"] for s in _params(by_rule["rl_candidates"])["sources"]]
+    assert rl == ["hub:open-r1/DAPO-Math-17k-Processed", "hub:nvidia/OpenMathReasoning", "hub:alexandonian/project-euler"]
+    assert "max_prompt_tokens" not in _params(by_rule["rl_candidates"])
+    assert _params(by_rule["rl_data"])["max_prompt_tokens"] == 2048
+    assert "--tokenizer results/base_model/model" in by_rule["rl_data"]["shell"]
 
 
 def test_rl_trainer_arguments_from_the_paper_rule(slurm_jobs, tmp_path):

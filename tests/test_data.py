@@ -420,3 +420,94 @@ def test_a_broken_json_line_is_named_with_file_and_line(tmp_path):
     p.write_text('{"id": 1, "problem": "a", "answer": "1"}\n\n{"id": 2, "problem": "b, "answer": "2"}\n')
     with pytest.raises(ValueError, match=r"dataset 'd' \(file .*d\.jsonl\): line 3 \(1-based\) is not valid JSON"):
         load_source({"name": "d", "path": str(p), "fields": {"problem": "problem", "answer": "answer"}})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Prompt-length filter (rl_data.max_prompt_tokens; spec §2.1: the released code drops prompts over 2048 tokens)
+
+def _pair_at_the_boundary(tok, tool):
+    """Two problems whose rendered prompts are L and exactly L + 1 tokens long."""
+    from rstar2.data.prompt_length import prompt_lengths
+
+    short = "How many positive divisors does 2024 have?"
+    (n,) = prompt_lengths([short], tok, tool)
+    for word in ("x", " x", "!", " a", "s"):
+        longer = short + word
+        if prompt_lengths([longer], tok, tool) == [n + 1]:
+            return short, longer, n
+    raise AssertionError("no one-token extension found")
+
+
+def test_prompt_length_counts_the_prompt_a_rollout_starts_from(qwen_tokenizer):
+    from rstar2.data.prompt_length import prompt_lengths
+    from rstar2.rollout.agent_loop import AgentLoop, RolloutConfig, ToolConfig
+
+    tool = "python_code_with_standard_io"
+    problems = ["What is $1+1$?", "Find all $x$ with $x^2 = 4$.\n\nGive the sum.", "ü" * 50, ""]
+    loop = AgentLoop(qwen_tokenizer, RolloutConfig(tool=ToolConfig(name=tool)), tools=None)
+    expected = [len(loop.new_trajectory({"id": str(i), "problem": p}).prompt_ids) for i, p in enumerate(problems)]
+    assert prompt_lengths(problems, qwen_tokenizer, tool, batch_size=3) == expected
+    # the tool schema is part of the prompt: a longer tool name costs tokens
+    assert prompt_lengths(problems[:1], qwen_tokenizer, tool + "_and_more_words")[0] > expected[0]
+
+
+def test_prompt_length_keeps_exactly_max_tokens_and_drops_one_more(tmp_path, qwen_tokenizer):
+    from rstar2.data.curate import format_funnel
+    from rstar2.stages import label_verification
+
+    tool = {"name": "execute_python_code_with_standard_io"}
+    short, longer, n = _pair_at_the_boundary(qwen_tokenizer, tool["name"])
+    rows = [{"id": "p-0", "source": "pool", "problem": short, "answer": "15", "answer_raw": "15"},
+            {"id": "p-1", "source": "pool", "problem": longer, "answer": "15", "answer_raw": "15"},
+            {"id": "q-0", "source": "other", "problem": "Compute 2 + 2.", "answer": "4", "answer_raw": "4"}]
+    data, funnel_in = tmp_path / "train.jsonl", tmp_path / "funnel.json"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    funnel_in.write_text(json.dumps({"steps": ["loaded"], "step_status": {"loaded": "done"},
+                                     "per_source": {"pool": {"loaded": 2}, "other": {"loaded": 1}},
+                                     "total": {"loaded": 3}, "drops": {}, "drops_per_source": {},
+                                     "decontamination": {}}))
+    out = tmp_path / "out"
+    def params(max_tokens):
+        return stage_params("label_verification", overrides={"tool": tool, "rl_data": {"max_prompt_tokens": max_tokens},
+                                                             "label_verification": {"enabled": False}})
+    label_verification.run(params(n), str(data), str(funnel_in), str(out), tokenizer=qwen_tokenizer)
+    assert [r["id"] for r in read_jsonl(out / "train.jsonl")] == ["p-0", "q-0"]
+    funnel = read_json(out / "funnel.json")
+    assert funnel["steps"] == ["loaded", "prompt_length", "label_verification"]
+    assert funnel["per_source"]["pool"]["prompt_length"] == 1 and funnel["total"]["prompt_length"] == 2
+    assert funnel["drops"] == {"prompt_too_long": 1} and funnel["drops_per_source"]["pool"] == {"prompt_too_long": 1}
+    assert funnel["prompt_length"] == {"max_tokens": n, "longest": n + 1, "dropped": 1}
+    table = (out / "funnel.csv").read_text().splitlines()
+    assert table[0] == "source,loaded,prompt_length,label_verification,dropped:prompt_too_long"
+    assert table[1:] == ["pool,2,1,1,1", "other,1,1,1,0", "total,3,2,2,1"]
+    text = format_funnel(funnel)
+    assert "prompt_length" in text.splitlines()[0] and f"longest {n + 1}, limit {n}, 1 dropped" in text
+    assert read_json(out / "manifest.json")["counts"]["prompt_too_long"] == 1
+    # one token more allowed: nothing is dropped; no limit: the step is recorded as skipped
+    label_verification.run(params(n + 1), str(data), str(funnel_in), str(tmp_path / "wide"), tokenizer=qwen_tokenizer)
+    assert len(read_jsonl(tmp_path / "wide" / "train.jsonl")) == 3
+    label_verification.run(params(None), str(data), str(funnel_in), str(tmp_path / "off"))
+    assert read_json(tmp_path / "off" / "funnel.json")["step_status"]["prompt_length"] == "skipped"
+    with pytest.raises(ValueError, match="no tokenizer folder"):
+        label_verification.run(params(n), str(data), str(funnel_in), str(tmp_path / "none"))
+
+
+def test_prompt_length_reads_the_tokenizer_from_the_base_model_folder(tmp_path, qwen_tokenizer):
+    """The rl_data rule passes results/base_model/model (--tokenizer): a saved tokenizer folder is what it loads."""
+    from rstar2.cli import main
+
+    folder = tmp_path / "base_model"
+    qwen_tokenizer.save_pretrained(folder)
+    data, funnel_in = tmp_path / "train.jsonl", tmp_path / "funnel.json"
+    data.write_text(json.dumps({"id": "a-0", "source": "a", "problem": "What is 3 + 4?", "answer": "7",
+                                "answer_raw": "7"}) + "\n")
+    funnel_in.write_text(json.dumps({"steps": ["loaded"], "step_status": {"loaded": "done"},
+                                     "per_source": {"a": {"loaded": 1}}, "total": {"loaded": 1}, "drops": {},
+                                     "decontamination": {}}))
+    params = stage_params("label_verification", overrides={"rl_data": {"max_prompt_tokens": 2048},
+                                                           "label_verification": {"enabled": False}})
+    assert main(["label-verification", "--params", json.dumps(params), "--data", str(data), "--funnel",
+                 str(funnel_in), "--tokenizer", str(folder), "--out", str(tmp_path / "out")]) == 0
+    funnel = read_json(tmp_path / "out" / "funnel.json")
+    assert funnel["step_status"]["prompt_length"] == "done" and 200 < funnel["prompt_length"]["longest"] < 2048
+    assert str(folder) in read_json(tmp_path / "out" / "manifest.json")["inputs"]

@@ -17,7 +17,8 @@ ROLLOUT = {"max_response_tokens": 64, "max_turns": 2, "temperature": 1.0, "top_p
 
 def _lv(**kw):
     """label_verification params as the workflow builds them, with ``kw`` set in the config section."""
-    return stage_params("label_verification", overrides={"label_verification": {**ROLLOUT, **kw}})
+    return stage_params("label_verification", overrides={"label_verification": {**ROLLOUT, **kw},
+                                                          "rl_data": {"max_prompt_tokens": None}})
 
 
 class CyclingVerifier:
@@ -70,7 +71,7 @@ def test_keeps_problems_whose_label_is_matched_at_least_min_matches_times(tmp_pa
     assert f["decontamination"] == {"aime24": 1}  # earlier keys are kept for the report
     assert (out / "funnel.png").stat().st_size > 1000
     assert (out / "funnel.csv").read_text().splitlines()[0] == \
-        "source,loaded,decontaminate,label_verification,dropped:contaminated,dropped:label_mismatch"
+        "source,loaded,decontaminate,prompt_length,label_verification,dropped:contaminated,dropped:label_mismatch"
     assert read_json(out / "manifest.json")["counts"]["label_mismatch"] == 2
 
 

@@ -17,6 +17,8 @@ from rstar2.rl.heldout import heldout_summary
 from rstar2.rollout import Trajectory
 
 REPO = Path(__file__).resolve().parents[1]
+# the tool settings the workflow passes the sft_data stage (common.smk sft_data_params)
+SFT_TOOL = {"tool": {"name": chat.DEFAULT_TOOL_NAME, "timeout_s": 5.0, "memory_mb": 1024, "max_output_chars": 256}}
 
 
 def _read(path):
@@ -74,7 +76,7 @@ def test_string_tasks_use_no_arithmetic_and_are_deterministic():
 def test_string_tools_source_runs_the_code_and_boxes_the_output(tmp_path):
     from rstar2.stages import sft_data
 
-    sft_data.run({"glaive": None, "toolformer": None, "alpaca": None, "string_tools": {"n": 12}, "seed": 0},
+    sft_data.run({"sources": [{"name": "string_tools", "generate": "string_tools", "n": 12}], **SFT_TOOL, "seed": 0},
                  str(tmp_path))
     rows = _read(tmp_path / "train.jsonl")
     stats = json.loads((tmp_path / "stats.json").read_text())["sources"]["string_tools"]
@@ -119,7 +121,8 @@ def test_sft_data_with_no_rows_says_so(tmp_path):
     from rstar2.stages import sft_data
 
     with pytest.raises(ValueError, match="no conversations"):
-        sft_data.run({"glaive": None, "toolformer": None, "alpaca": None, "string_tools": {"n": 0}}, str(tmp_path))
+        sft_data.run({"sources": [{"name": "string_tools", "generate": "string_tools", "n": 0}], **SFT_TOOL,
+                      "seed": 0}, str(tmp_path))
 
 
 def test_rl_refuses_a_heldout_benchmark_that_shares_training_problems():

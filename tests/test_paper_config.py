@@ -42,6 +42,8 @@ PAPER_TABLE = [
     ("rl.stages.stage3.steps", 125, "§5.4 stage 3 (hard): 125 steps"),
     ("hard_problems.k", 8, "§5.4 8 rollouts per problem"),
     ("hard_problems.subset_size", 0, "§5.4 over all problems"),
+    ("rl_data.max_prompt_tokens", 2048, "§2.1, §5.5 released code drops prompts over 2048 tokens"),
+    ("label_verification.enabled", True, "§5.3 step 2 labels verified (OpenMathReasoning)"),
     ("label_verification.model.hub_id", "Qwen/Qwen3-32B", "§5.3 Qwen3-32B verifier"),
     ("label_verification.samples", 16, "§5.3 16 responses"),
     ("label_verification.min_matches", 2, "§5.3 at least twice"),

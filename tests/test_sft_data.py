@@ -1,4 +1,5 @@
-"""Tests of the ``sft_data`` stage: wire format, loss masks, real tool results, drops, determinism."""
+"""Tests of the ``sft_data`` stage on the bundled sources: wire format, loss masks, real tool results, drops,
+determinism. The formats on hand-made files, renamed fields, broken rows and hub ids: tests/test_sft_formats.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 from rstar2 import chat, sandbox
 from rstar2.io import read_json, read_jsonl
+from rstar2.data.sft.math_filter import math_reason
+from rstar2.data.sft.pycalls import find_python_calls
 from rstar2.stages import sft_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,15 +21,22 @@ SFT = ROOT / "data" / "sft"
 TOOL = chat.DEFAULT_TOOL_NAME
 
 
-def _params(**over) -> dict:
-    p = {
-        "glaive": {"path": str(SFT / "glaive_toolcall_en_demo.json"), "limit": 15},
-        "toolformer": {"path": str(SFT / "gpteacher_toolformer_python.json"), "limit": 20},
-        "alpaca": {"path": str(SFT / "alpaca_en_demo.json"), "limit": 15},
-        "tool_name": TOOL, "tool_timeout_s": 5.0, "max_tool_chars": 256, "seed": 0,
-    }
-    p.update(over)
-    return p
+def _glaive(limit=15, path=SFT / "glaive_toolcall_en_demo.json"):
+    return {"name": "glaive", "path": str(path), "format": "sharegpt", "limit": limit}
+
+
+def _toolformer(limit=20, path=SFT / "gpteacher_toolformer_python.json"):
+    return {"name": "toolformer", "path": str(path), "format": "toolformer", "execute": True, "limit": limit}
+
+
+def _alpaca(limit=15, path=SFT / "alpaca_en_demo.json"):
+    return {"name": "alpaca", "path": str(path), "format": "alpaca", "limit": limit}
+
+
+def _params(sources=None, **over) -> dict:
+    """The stage's params as the workflow builds them (common.smk sft_data_params)."""
+    return {"sources": sources or [_glaive(), _toolformer(), _alpaca()],
+            "tool": {"name": TOOL, "timeout_s": 5.0, "memory_mb": 1024, "max_output_chars": 256}, "seed": 0, **over}
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +91,7 @@ def toy_run(tmp_path_factory):
     src = d / "toy.json"
     src.write_text(json.dumps(TOY), encoding="utf-8")
     out = d / "out"
-    sft_data.run(_params(glaive=None, alpaca={"path": "x", "limit": 0},
-                         toolformer={"path": str(src), "limit": None}), str(out))
+    sft_data.run(_params([_toolformer(None, src), _alpaca(0, "x")]), str(out))
     return out
 
 
@@ -171,7 +180,7 @@ def test_real_toolformer_responses_match_execution(real_run):
 def test_toy_toolformer(toy_run):
     rows, stats = _by_id(toy_run), read_json(toy_run / "stats.json")
     st = stats["sources"]["toolformer"]
-    assert stats["sources"]["glaive"]["skipped"] and stats["sources"]["alpaca"]["skipped"]
+    assert stats["sources"]["alpaca"]["skipped"] == "limit 0" and "glaive" not in stats["sources"]
     assert st["dropped"] == {"empty_output": 1, "exec_error": 1, "no_python_call": 1, "nondeterministic_code": 1,
                              "other_tool_call": 1}
     assert set(rows) == {f"toolformer-{i}" for i in (0, 1, 2, 8, 9)}
@@ -203,7 +212,7 @@ def test_toy_toolformer(toy_run):
 
 
 def test_find_python_calls():
-    f = sft_data.find_python_calls
+    f = find_python_calls
     (c,) = f("x python('print(\"a)b\")') y")
     assert c["code"] == 'print("a)b")' and not c["fallback"]
     a, b = f("python('f(g(1))') and python(\"'x'.upper()\")")
@@ -216,7 +225,7 @@ def test_find_python_calls():
 
 
 def test_math_heuristic():
-    m = sft_data.math_reason
+    m = math_reason
     assert m("Calculate 5 x 3.") == "math_expression"
     assert m("Add the following fractions: 3/4 + 2/3") == "math_expression"
     assert m("Find the product of 9, 5 and 28.") == "math_verb_number"
@@ -231,9 +240,11 @@ def test_math_heuristic():
 def test_deterministic_and_skips(tmp_path, real_run):
     sft_data.run(_params(), str(tmp_path / "again"))
     assert (tmp_path / "again" / "train.jsonl").read_bytes() == (real_run / "train.jsonl").read_bytes()
-    sft_data.run(_params(glaive={"path": str(tmp_path / "missing.json"), "limit": 5}, toolformer=None,
-                         alpaca={"path": str(SFT / "alpaca_en_demo.json"), "limit": 5}, seed=1), str(tmp_path / "b"))
+    sft_data.run(_params([_glaive(0), _alpaca(5)], seed=1), str(tmp_path / "b"))
     rows = read_jsonl(tmp_path / "b" / "train.jsonl")
     assert rows and {r["source"] for r in rows} == {"alpaca"}
-    st = read_json(tmp_path / "b" / "stats.json")["sources"]
-    assert st["glaive"]["skipped"].startswith("missing") and st["toolformer"]["skipped"] == "no section"
+    assert read_json(tmp_path / "b" / "stats.json")["sources"]["glaive"]["skipped"] == "limit 0"
+    # a configured file that does not exist is an error naming the source, not a silently skipped source
+    with pytest.raises(FileNotFoundError, match="dataset 'glaive': file not found: .*missing.json"):
+        sft_data.run(_params([_glaive(5, tmp_path / "missing.json"), _alpaca(5)]), str(tmp_path / "c"))
+    assert not (tmp_path / "c").exists()

@@ -171,8 +171,9 @@ def test_killed_mid_stage_then_completes(workdir):
         assert (report / png).stat().st_size > 1000
     assert planned_jobs(workdir, TINY) == {}
     funnel = json.loads((workdir / "results/rl_data/funnel.json").read_text())
-    assert funnel["step_status"]["label_verification"] == "skipped" and funnel["steps"][-2:] == ["limit",
-                                                                                                 "label_verification"]
+    assert funnel["step_status"]["label_verification"] == "skipped" and funnel["steps"][-3:] == [
+        "limit", "prompt_length", "label_verification"]
+    assert funnel["step_status"]["prompt_length"] == "done" and funnel["prompt_length"]["max_tokens"] == 2048
     assert (workdir / "results/rl_data/funnel.png").stat().st_size > 1000
 
 
@@ -254,7 +255,8 @@ def test_custom_dataset_through_config_alone(tmp_path):
     assert {r["source"] for r in rows} == {"my_problems"} and len(rows) == 5
     funnel = json.loads((wd / "results/rl_data/funnel.json").read_text())
     assert funnel["step_status"] == {"loaded": "done", "integer_answer": "done", "dedupe": "done",
-                                     "near_dedupe": "done", "decontaminate": "done", "label_verification": "skipped"}
+                                     "near_dedupe": "done", "decontaminate": "done", "prompt_length": "done",
+                                     "label_verification": "skipped"}
     assert {r["id"]: r["answer"] for r in rows}["my_problems-ex-5"] == "37"
 
     broken = tmp_path / "broken.yaml"

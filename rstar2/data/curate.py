@@ -267,6 +267,21 @@ def _drop(funnel: dict, row: dict, reason: str) -> None:
     funnel["drops_per_source"][row["source"]][reason] += 1
 
 
+def append_step(funnel: dict, step: str, kept: list[dict], dropped: list[dict], reason: str, status: str) -> None:
+    """Record one more funnel step after curation (rule ``rl_data``: ``prompt_length``, ``label_verification``):
+    rows left per source and in total, ``dropped`` counted under ``reason``; ``status`` "done" or "skipped"."""
+    funnel["steps"].append(step)
+    funnel.setdefault("step_status", {})[step] = status
+    counts = Counter(r["source"] for r in kept)
+    for source, per_step in funnel["per_source"].items():
+        per_step[step] = counts.get(source, 0)
+    funnel["total"][step] = len(kept)
+    for r in dropped:
+        funnel["drops"][reason] = funnel["drops"].get(reason, 0) + 1
+        per_source = funnel.setdefault("drops_per_source", {}).setdefault(r["source"], {})
+        per_source[reason] = per_source.get(reason, 0) + 1
+
+
 def funnel_table(funnel: dict, with_drops: bool = False) -> list[list]:
     """The funnel as a table: header ``["source", *steps]``, one row per source, then ``total``.
 
@@ -297,6 +312,10 @@ def format_funnel(funnel: dict) -> str:
         lines.append("skipped steps: " + ", ".join(skipped))
     extra = [f"{k}={funnel[k]}" for k in ("duplicate_answer_conflicts", "near_duplicate_answer_conflicts")
              if k in funnel]
+    if funnel.get("prompt_length"):
+        pl = funnel["prompt_length"]
+        lines.append(f"prompt length (tokens, tool schema included): longest {pl['longest']}, limit "
+                     f"{pl['max_tokens']}, {pl['dropped']} dropped")
     exemption = funnel.get("boilerplate_exemption") or {}
     if exemption.get("min_problems"):
         extra.append(f"boilerplate exemption (n-grams in >= {exemption['min_problems']} problems): "

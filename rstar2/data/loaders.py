@@ -147,11 +147,47 @@ def read_table(spec: dict, base_dir: Path | str = WORKING_DIR) -> tuple[pd.DataF
 
 
 def _read_hub(spec: dict, repo_id: str) -> pd.DataFrame:
-    """Load from the Hugging Face hub. Needs network access; never called in tests."""
+    """Load ``hub:<repo id>`` with ``datasets``. A hub id needs network access; the tests never use one.
+
+    The same code path reads a local folder given as the id: one written by ``Dataset.save_to_disk`` /
+    ``DatasetDict.save_to_disk`` (read with ``datasets.load_from_disk``, then the split), or a folder of data
+    files (``datasets.load_dataset`` infers the builder). Only the columns the spec's ``fields`` and ``filters``
+    name are converted to pandas when all of them exist (OpenMathReasoning's solutions are ~70 GB as text).
+    """
     import datasets  # imported lazily: heavy, and only this path needs it
 
-    ds = datasets.load_dataset(repo_id, spec.get("config"), split=spec.get("split", "train"))
+    split = spec.get("split", "train")
+    folder = Path(repo_id)
+    if folder.is_dir() and any((folder / f).is_file() for f in ("dataset_dict.json", "state.json")):
+        ds = datasets.load_from_disk(str(folder))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"dataset '{spec.get('name')}' (file {HUB_PREFIX}{repo_id}): no split {split!r}; "
+                                 f"splits: {sorted(ds)}")
+            ds = ds[split]
+    else:
+        ds = datasets.load_dataset(repo_id, spec.get("config"), split=split)
+    wanted = {str(c).split(".")[0] for c in [*(spec.get("fields") or {}).values(), *(spec.get("filters") or {})] if c}
+    if wanted and wanted <= set(ds.column_names):
+        ds = ds.select_columns(sorted(wanted))
     return ds.to_pandas()
+
+
+def resolve_field(record: dict, path: str) -> Any:
+    """The value at a dotted path of one record (``"prompt.0.content"``; an exact column name wins), or None
+    when any step is absent or null (NaN included). The lookup ``fields`` use, for other loaders (SFT data)."""
+    value = _resolve(record, path)
+    return None if value is _MISSING else value
+
+
+def filter_indices(records: list[dict], filters: dict, name: str, where: str) -> list[int]:
+    """Indices of ``records`` that pass a spec's ``filters`` ({column: value or [values]}).
+
+    Raises:
+        ValueError: a filter column missing in every record (names the dataset, file and columns).
+    """
+    columns = sorted({str(k) for r in records[:1] for k in r})
+    return _filtered_indices(records, filters, _Context(name=name, where=where, columns=columns))
 
 
 def _bad_json_line(path: Path) -> str:

@@ -1,4 +1,9 @@
-"""Stage ``rl_data``: label verification, the last step of the RL data funnel (paper §4.2; spec §5.3 step 2).
+"""Stage ``rl_data``: the prompt-length filter and label verification, the last steps of the RL data funnel
+(paper §4.2; spec §5.3 step 2; prompt length: spec §2.1).
+
+Prompt length first (rstar2/data/prompt_length.py): with ``max_prompt_tokens`` set, problems whose rendered RL
+prompt (tool schema included) is longer in the policy's tokenizer are dropped (the released code: 2048), so no
+verifier samples are spent on them; funnel step ``prompt_length`` ("skipped" when unset).
 
 The paper removes incorrect labels from OpenMathReasoning: Qwen3-32B samples 16 responses per problem, and a
 problem is kept only if at least 2 responses give an integer answer that matches the label. Here the
@@ -18,9 +23,10 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import Counter
 from pathlib import Path
 
+from ..data.curate import append_step
+from ..data.prompt_length import filter_prompts, prompt_lengths
 from ..io import read_json, read_jsonl, write_jsonl, write_manifest
 from ..params import to_dict
 from .params import LabelVerificationParams, parse
@@ -31,7 +37,7 @@ DROP_REASON = "label_mismatch"
 
 
 def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir: str | None = None,
-        model_and_tokenizer=None) -> None:
+        model_and_tokenizer=None, tokenizer_dir: str | None = None, tokenizer=None) -> None:
     """Verify the labels of ``data_path``'s problems and write the final RL data to ``out_dir``.
 
     params: ``rstar2.stages.params.LabelVerificationParams`` or its JSON dict::
@@ -40,6 +46,7 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
         samples      responses per problem (paper: 16)
         min_matches  keep a problem if at least this many responses match its label (paper: 2)
         only_sources source names to verify (paper: only OpenMathReasoning); empty = all
+        max_prompt_tokens  drop problems whose RL prompt has more tokens (null = no filter)
         rollout      the verifier's rollout settings (budget, sampling, engine, tool)
         seed         int
 
@@ -48,14 +55,28 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
         funnel_path: their funnel.json; this stage appends its step.
         model_dir: the materialised verifier model folder (needed when enabled, unless ``model_and_tokenizer``).
         model_and_tokenizer: an already loaded ``(model, tokenizer)`` (tests; a scripted model).
+        tokenizer_dir: the policy (base) model folder whose tokenizer measures prompts, or ``tokenizer`` loaded.
 
     Raises:
-        ValueError: enabled without a model; samples < 1 or min_matches outside 1..samples; no problem left.
+        ValueError: enabled without a model; max_prompt_tokens without a tokenizer; samples < 1 or min_matches
+            outside 1..samples; no problem left.
     """
     t0 = time.time()
     p = parse(LabelVerificationParams, params, "label_verification params")
     rows = read_jsonl(data_path)
     funnel = copy.deepcopy(read_json(funnel_path))
+    max_tokens, lengths = p.max_prompt_tokens, None
+    if max_tokens:
+        if tokenizer is None:
+            if not tokenizer_dir:
+                raise ValueError("rl_data: max_prompt_tokens is set but no tokenizer folder was given (--tokenizer)")
+            from transformers import AutoTokenizer
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        lengths = prompt_lengths([r["problem"] for r in rows], tokenizer, p.rollout.tool.name)
+    n_before = len(rows)
+    rows = filter_prompts(rows, funnel, max_tokens, lengths)
+    print(f"[rl_data] prompt length: {n_before - len(rows)} of {n_before} problems over {max_tokens} tokens"
+          if max_tokens else "[rl_data] prompt length: no limit (funnel step 'skipped')", flush=True)
     enabled = p.enabled
     verified: list[dict] = []
     if enabled:
@@ -89,8 +110,10 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
         write_jsonl(out / "verification.jsonl", verified)
     write_funnel(out, funnel)
     write_manifest(out, stage="rl_data", params=to_dict(p), started=t0,
-                   inputs=[data_path, funnel_path] + ([model_dir] if enabled and model_dir else []),
+                   inputs=[data_path, funnel_path] + ([model_dir] if enabled and model_dir else [])
+                   + ([tokenizer_dir] if max_tokens and tokenizer_dir else []),
                    counts={"rows": len(kept), "verified": len(verified), "label_mismatch": len(dropped),
+                           "prompt_too_long": n_before - len(rows),
                            "label_verification": "done" if enabled else "skipped",
                            "per_source": {s: n[STEP] for s, n in funnel["per_source"].items()},
                            "drops": funnel["drops"], "decontamination": funnel.get("decontamination", {})})
@@ -121,13 +144,4 @@ def count_matches(rows: list[dict], model_and_tokenizer, p: LabelVerificationPar
 
 def record_step(funnel: dict, kept: list[dict], dropped: list[dict], status: str) -> None:
     """Append the label-verification step to ``funnel`` (counts per source, drops as ``label_mismatch``)."""
-    funnel["steps"].append(STEP)
-    funnel.setdefault("step_status", {})[STEP] = status
-    counts = Counter(r["source"] for r in kept)
-    for source, per_step in funnel["per_source"].items():
-        per_step[STEP] = counts.get(source, 0)
-    funnel["total"][STEP] = len(kept)
-    for r in dropped:
-        funnel["drops"][DROP_REASON] = funnel["drops"].get(DROP_REASON, 0) + 1
-        per_source = funnel.setdefault("drops_per_source", {}).setdefault(r["source"], {})
-        per_source[DROP_REASON] = per_source.get(DROP_REASON, 0) + 1
+    append_step(funnel, STEP, kept, dropped, DROP_REASON, status)

@@ -19,7 +19,7 @@ from ..params import parse, to_dict
 from ..rollout import RolloutConfig, ToolConfig
 
 __all__ = ["BaseModelParams", "EvaluateParams", "HardProblemsParams", "HeldoutParams", "LabelVerificationParams",
-           "NearDedupeParams", "RLDataParams", "RLParams", "ReportParams", "SFTParams", "TinyModelParams",
+           "NearDedupeParams", "RLDataParams", "RLParams", "ReportParams", "SFTDataParams", "SFTParams", "TinyModelParams",
            "TrainerParams", "VLLMParams", "parse", "to_json"]
 
 
@@ -58,6 +58,14 @@ class TrainerParams:
     gradient_checkpointing: bool
     shared_prefix: bool
     vllm: VLLMParams
+
+
+@dataclass(frozen=True)
+class SFTDataParams:
+    """``sft_data``: the cold-start sources (``rstar2.data.sft.sources`` specs) and the tool they are rendered for."""
+    sources: list
+    tool: ToolConfig
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -100,11 +108,14 @@ class RLDataParams:
 
 @dataclass(frozen=True)
 class LabelVerificationParams:
-    """``label_verification`` (paper §4.2): a verifier samples ``samples`` answers; keep if >= ``min_matches``."""
+    """The ``rl_data`` rule: the prompt-length filter (``rl_data.max_prompt_tokens``; released code: 2048) and label
+    verification (``label_verification``, paper §4.2: a verifier samples ``samples`` answers; keep if >=
+    ``min_matches``)."""
     enabled: bool
     samples: int
     min_matches: int
     only_sources: list
+    max_prompt_tokens: int | None
     rollout: RolloutConfig
     seed: int
 
@@ -242,9 +253,8 @@ def base_model(config: dict, section: str = "model") -> BaseModelParams:
     return parse(BaseModelParams, {**spec, "seed": config["seed"]}, section)
 
 
-def sft_data(config: dict) -> dict:
-    """The ``sft_data`` rule's params: the sources and the tool they are rendered for."""
-    return {**config["sft_data"], "tool": config["tool"], "seed": config["seed"]}
+def sft_data(config: dict) -> SFTDataParams:
+    return parse(SFTDataParams, {**config["sft_data"], "tool": config["tool"], "seed": config["seed"]}, "sft_data")
 
 
 def sft(config: dict) -> SFTParams:
@@ -253,7 +263,8 @@ def sft(config: dict) -> SFTParams:
 
 def rl_data(config: dict) -> RLDataParams:
     """Only the benchmarks curation decontaminates against: adding an evaluation benchmark must not rerun it."""
-    rl = config["rl_data"]
+    # max_prompt_tokens belongs to the rl_data rule (it needs the base model's tokenizer), not to curation
+    rl = {k: v for k, v in config["rl_data"].items() if k != "max_prompt_tokens"}
     return parse(RLDataParams, {**rl, "benchmarks": {b: config["benchmarks"][b] for b in rl["decontaminate_against"]},
                                 "seed": config["seed"]}, "rl_data")
 
@@ -262,6 +273,7 @@ def label_verification(config: dict) -> LabelVerificationParams:
     lv = config["label_verification"]
     return LabelVerificationParams(
         enabled=lv["enabled"], samples=lv["samples"], min_matches=lv["min_matches"], only_sources=lv["only_sources"],
+        max_prompt_tokens=config["rl_data"]["max_prompt_tokens"],
         rollout=_rollout(config, lv, lv["temperature"], lv["top_p"], lv["batch_size"]), seed=config["seed"])
 
 

@@ -62,7 +62,7 @@ def rl_data_files():
 
 
 def sft_data_files():
-    return check_data_files([s.get("path") for s in config["sft_data"].values() if s and s.get("limit", 1) != 0])
+    return check_data_files([s["path"] for s in config["sft_data"]["sources"] if s.get("path") and s.get("limit") != 0])
 
 
 def benchmark_files():
@@ -88,6 +88,15 @@ def verifier_model_input():
 
 def verifier_model_arg(wildcards, input):
     return f"--model {input.model}" if _verifier_dir() else ""
+
+
+def prompt_tokenizer_input():
+    # the prompt-length filter counts tokens with the policy's tokenizer, the base model's
+    return {"tokenizer": "results/base_model/model"} if config["rl_data"]["max_prompt_tokens"] else {}
+
+
+def prompt_tokenizer_arg(wildcards, input):
+    return f"--tokenizer {input.tokenizer}" if config["rl_data"]["max_prompt_tokens"] else ""
 
 
 # ---- the RL rule: results/rl/stageN (the three stages) and results/ablation/MODE-seedS (the ablation) ----

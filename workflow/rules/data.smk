@@ -45,11 +45,12 @@ rule verifier_model:
         "rstar2 base-model --params {params.p:q} --out results/verifier_model 2>&1 | tee {log}"
 
 
-# Label verification; when label_verification.enabled is false it passes the candidates through and records
-# the step as "skipped" in the funnel.
+# The prompt-length filter (rl_data.max_prompt_tokens, with the base model's tokenizer), then label
+# verification; when label_verification.enabled is false it passes the rows through and records the step as
+# "skipped" in the funnel.
 rule rl_data:
     input:
-        unpack(lambda wildcards: verifier_model_input()),
+        unpack(lambda wildcards: {**verifier_model_input(), **prompt_tokenizer_input()}),
         data="results/rl_candidates/train.jsonl",
         funnel="results/rl_candidates/funnel.json",
     output:
@@ -59,6 +60,7 @@ rule rl_data:
     params:
         p=to_json(stage_params.label_verification(config)),
         model=verifier_model_arg,
+        tokenizer=prompt_tokenizer_arg,
     conda:
         "../../envs/train.yaml"
     log:
@@ -70,7 +72,7 @@ rule rl_data:
         **job_resources("generate"),
     shell:
         "rstar2 label-verification --params {params.p:q} --data {input.data} --funnel {input.funnel}"
-        " {params.model} --out results/rl_data 2>&1 | tee {log}"
+        " {params.model} {params.tokenizer} --out results/rl_data 2>&1 | tee {log}"
 
 
 # Mining feeds stage 3 only.
