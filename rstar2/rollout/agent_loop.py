@@ -188,8 +188,10 @@ class AgentLoop:
         self.tok, self.cfg, self.tools = tok, cfg, tools
 
     def new_trajectory(self, problem: dict) -> Trajectory:
-        """A fresh trajectory for ``{"id", "problem", "answer"?}`` with the rStar2 prompt (spec §2.1)."""
-        prompt = chat.prompt_text(problem["problem"], [chat.python_tool_schema(self.cfg.tool_name)])
+        """A fresh trajectory for ``{"id", "problem", "answer"?, "prompt"?}`` with the rStar2 prompt (spec §2.1),
+        or with ``prompt``, a complete prompt text, when given (IFEval and BFCL bring their own; rstar2.data)."""
+        prompt = problem.get("prompt") or chat.prompt_text(problem["problem"],
+                                                           [chat.python_tool_schema(self.cfg.tool_name)])
         return Trajectory(problem_id=str(problem["id"]), question=problem["problem"], gold=problem.get("answer"),
                           prompt_ids=self.tok.encode(prompt, add_special_tokens=False))
 

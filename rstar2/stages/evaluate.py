@@ -13,6 +13,7 @@ problem already graded and recomputes nothing; results made with other params ar
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -73,42 +74,131 @@ def score(trajs, golds: list[str], answer_types: list[str]) -> None:
     grade_all(trajs, answer_types=answer_types)
 
 
+def _first_per_group(probs: list[dict], limit: int) -> list[dict]:
+    """The first ``limit`` problems of each group (a BFCL category; one group otherwise); 0 = all."""
+    if not limit:
+        return probs
+    seen: dict = {}
+    out = []
+    for p in probs:
+        g = p.get("group")
+        if seen.get(g, 0) < limit:
+            seen[g] = seen.get(g, 0) + 1
+            out.append(p)
+    return out
+
+
 def _load_problems(params: dict) -> dict[str, tuple[str, list[dict]]]:
-    """``{bench: (answer_type, problems)}``, the first ``limit`` problems of each; every gold is checked first,
-    so a data error stops the stage before any rollout, naming the benchmark, file and problem."""
+    """``{bench: (answer_type, problems)}``, the first ``limit`` problems of each (of each BFCL category);
+    every gold or checker reference is checked first, so a data error stops the stage before any rollout,
+    naming the benchmark, file and problem."""
+    import json
+
+    from .. import grading
     from ..data.benchmarks import answer_type, load_benchmark
     from ..grading import gold_is_valid
 
     out = {}
     for bench, spec in params["benchmarks"].items():
         kind = answer_type(spec).name
-        probs = load_benchmark(bench, spec)[: params.get("limit") or None]
+        probs = _first_per_group(load_benchmark(bench, spec), params["limit"])
         for p in probs:
-            if not gold_is_valid(p["answer"], kind):
+            if kind in grading.CHECKERS:
+                try:
+                    _checker(kind).check_reference(json.loads(p["answer"]))
+                except (ValueError, KeyError) as e:
+                    raise ValueError(f"benchmark {bench!r} ({spec.get('path')}), problem {p['id']}: {e}") from None
+            elif not gold_is_valid(p["answer"], kind):
                 raise ValueError(f"benchmark {bench!r} ({spec.get('path')}), problem {p['id']}: "
                                  f"gold answer {p['answer']!r} cannot be parsed as a {kind!r} answer")
         out[bench] = (kind, probs)
     return out
 
 
+def _checker(kind: str):
+    from ..grading import bfcl, ifeval
+
+    return {"ifeval": ifeval, "bfcl": bfcl}[kind]
+
+
+def _check(trajs, refs: list[str], kind: str) -> list[dict]:
+    """Reference-checker results (grading.ifeval / grading.bfcl) for single-turn trajectories, in killable
+    workers; sets each trajectory's ``reward`` (IFEval: all instructions followed, strict; BFCL: valid) and
+    ``pred`` (the checked response / the decoded calls). An item that overran its deadline or crashed scores 0."""
+    from .. import grading_pool
+
+    res = grading_pool.check_many(kind, [(t.turns[-1]["text"] if t.turns else "", json.loads(r))
+                                         for t, r in zip(trajs, refs, strict=True)])
+    for t, r in zip(trajs, res):
+        ok = r["status"] == "ok"
+        t.reward = float(ok and (r["prompt_level_strict_acc"] if kind == "ifeval" else r["valid"]))
+        t.pred = None if not ok else (r["response"] if kind == "ifeval" else json.dumps(r["decoded"]))
+    return res
+
+
+def _checked_summary(kind: str, rows: list[dict], spec: dict) -> dict:
+    """The checker's own metrics of an IFEval / BFCL benchmark; ``avg_at_k`` is the headline the report shows:
+    IFEval strict prompt-level accuracy (the paper's number), BFCL's unweighted mean over categories. A check
+    that timed out or crashed (``checker_errors``) counts as not followed / not valid."""
+    results, errors = [], 0
+    for r in rows:
+        for c in r["checks"]:
+            errors += c["status"] != "ok"
+            if kind == "bfcl":
+                results.append({"category": r["group"], "valid": c["status"] == "ok" and c["valid"]})
+            elif c["status"] == "ok":
+                results.append(c)
+            else:
+                n = len(json.loads(r["answer"])["instruction_id_list"])
+                results.append({"prompt_level_strict_acc": False, "prompt_level_loose_acc": False,
+                                "inst_level_strict_acc": [False] * n, "inst_level_loose_acc": [False] * n})
+    if kind == "ifeval":
+        from ..grading import ifeval
+
+        out = ifeval.summarise(results)
+        return {"ifeval": out, "avg_at_k": out["prompt_level_strict_acc"], "checker_errors": errors}
+    from ..grading import bfcl
+
+    out = bfcl.summarise(results, spec["categories"])
+    return {"bfcl": out, "avg_at_k": out["accuracy"], "avg_at_k_ci": None, "checker_errors": errors}
+
+
+def _record(p: dict, kind: str, samples: list, checks: list[dict] | None) -> dict:
+    row = {"id": str(p["id"]), "answer": p["answer"], "answer_type": kind, "group": p.get("group"),
+           "rewards": [t.reward for t in samples], "preds": [t.pred for t in samples],
+           "response_tokens": [len(t.response_ids) for t in samples],
+           "tool_calls": [len(t.tool_calls) for t in samples],
+           "truncated": [t.truncated for t in samples], "sample": samples[0].record()}
+    if checks is not None:
+        row["checks"] = checks
+    return row
+
+
 def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     """Evaluate one model on every configured benchmark.
 
-    Writes ``<bench>/per_problem.jsonl`` (one row per problem: ``id``, ``answer``, ``answer_type``, and per
-    sample ``rewards``, ``preds``, ``response_tokens``, ``tool_calls``, ``truncated``; plus one full rollout
-    record ``sample`` for the report), then ``summary.json`` (``{"model", "benchmarks": {bench: summarise()}}``)
-    and last ``manifest.json``.
+    Answer-graded benchmarks (integer / math / choice) follow the paper's math protocol (params ``k``,
+    temperature, turns). IFEval and BFCL follow theirs (paper §5.1, spec §6.1: each benchmark's template,
+    temperature 0): one greedy sample per problem, one turn (a BFCL call is checked, never executed), the
+    response checked by the field's reference checker (grading.ifeval, grading.bfcl).
+
+    Writes ``<bench>/per_problem.jsonl`` (one row per problem: ``id``, ``answer``, ``answer_type``, ``group``,
+    and per sample ``rewards``, ``preds``, ``response_tokens``, ``tool_calls``, ``truncated``, plus ``checks``
+    (the checker's verdicts) for IFEval / BFCL and one full rollout record ``sample`` for the report), then
+    ``summary.json`` (``{"model", "benchmarks": {bench: summarise() + checker metrics}}``), last ``manifest.json``.
 
     Args:
-        params: {"benchmarks": {name: benchmark spec}, "limit": problems per benchmark (0 = all), "k": samples
-            per problem, "rollout": {...}, "tool": {...}, "seed"}.
+        params: {"benchmarks": {name: benchmark spec}, "limit": problems per benchmark (per BFCL category;
+            0 = all), "k": samples per problem, "rollout": {...}, "tool": {...}, "seed"}.
         model_name / model_dir / out_dir: the model's label, its HF folder, e.g. ``results/eval/<model>``.
     Raises:
-        ValueError: a benchmark row with a gold that its answer type cannot grade against.
+        ValueError: a benchmark row with a gold or reference its answer type cannot grade against.
     """
+    import dataclasses
+
     import torch
 
-    from .. import models
+    from .. import grading, models
     from ..rollout import Progress, run_rollouts
     from .rl import rollout_config
 
@@ -118,43 +208,57 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     _drop_stale_results(out, params)
     torch.manual_seed(params["seed"])
     model, tok = models.load(model_dir)
-    rcfg = rollout_config(params)
-    k = params["k"]
-    todo = []                 # all benchmarks share each batch, so short sets do not idle the engine
-    for bench, (kind, probs) in problems.items():
-        path = out / bench / "per_problem.jsonl"
-        done = {r["id"] for r in read_jsonl(path)} if path.exists() else set()
-        todo += [(bench, kind, p) for p in probs if str(p["id"]) not in done]
-    chunk = max(1, rcfg.batch_size // k)
-    progress = Progress(f"eval {model_name}", unit="problems")
-    for start in range(0, len(todo), chunk):
-        batch = todo[start:start + chunk]
-        # no gold goes into the rollout: grading happens here, by each benchmark's declared answer type
-        trajs = run_rollouts(model, tok, [{"id": p["id"], "problem": p["problem"]}
-                                          for _, _, p in batch for _ in range(k)], rcfg)
-        score(trajs, [p["answer"] for _, _, p in batch for _ in range(k)], [kd for _, kd, _ in batch for _ in range(k)])
-        for i, (bench, kind, p) in enumerate(batch):
-            samples = trajs[i * k:(i + 1) * k]
-            append_jsonl(out / bench / "per_problem.jsonl", {
-                "id": str(p["id"]), "answer": p["answer"], "answer_type": kind,
-                "rewards": [t.reward for t in samples], "preds": [t.pred for t in samples],
-                "response_tokens": [len(t.response_ids) for t in samples],
-                "tool_calls": [len(t.tool_calls) for t in samples],
-                "truncated": [t.truncated for t in samples], "sample": samples[0].record()})
-        progress(start + len(batch), len(todo))
+    base = rollout_config(params)
+    plans = {"answer": (base, params["k"]),     # checked kinds: greedy, one sample, one turn
+             "checked": (dataclasses.replace(base, temperature=0.0, max_turns=1), 1)}
+    for plan, (rcfg, k) in plans.items():
+        todo = []             # all benchmarks share each batch, so short sets do not idle the engine
+        for bench, (kind, probs) in problems.items():
+            if (kind in grading.CHECKERS) != (plan == "checked"):
+                continue
+            path = out / bench / "per_problem.jsonl"
+            done = {r["id"] for r in read_jsonl(path)} if path.exists() else set()
+            todo += [(bench, kind, p) for p in probs if str(p["id"]) not in done]
+        chunk = max(1, rcfg.batch_size // k)
+        progress = Progress(f"eval {model_name}" + (" (IFEval/BFCL)" if plan == "checked" else ""), unit="problems")
+        for start in range(0, len(todo), chunk):
+            batch = todo[start:start + chunk]
+            # no gold goes into the rollout: grading happens here, by each benchmark's declared answer type
+            trajs = run_rollouts(model, tok, [{"id": p["id"], "problem": p["problem"], "prompt": p.get("prompt")}
+                                              for _, _, p in batch for _ in range(k)], rcfg)
+            kinds = [kd for _, kd, _ in batch for _ in range(k)]
+            answers = [p["answer"] for _, _, p in batch for _ in range(k)]
+            checks: list = [None] * len(trajs)
+            for kind in set(kinds):
+                idx = [i for i, kd in enumerate(kinds) if kd == kind]
+                sel, refs = [trajs[i] for i in idx], [answers[i] for i in idx]
+                if kind in grading.CHECKERS:
+                    for i, c in zip(idx, _check(sel, refs, kind)):
+                        checks[i] = c
+                else:
+                    score(sel, refs, [kind] * len(sel))
+            for i, (bench, kind, p) in enumerate(batch):
+                sl = slice(i * k, (i + 1) * k)
+                append_jsonl(out / bench / "per_problem.jsonl",
+                             _record(p, kind, trajs[sl], checks[sl] if kind in grading.CHECKERS else None))
+            progress(start + len(batch), len(todo))
     summary = {"model": model_name, "benchmarks": {}}
     for bench, (kind, probs) in problems.items():
         ids = {str(p["id"]) for p in probs}
         path = out / bench / "per_problem.jsonl"
         rows = [r for r in read_jsonl(path) if r["id"] in ids] if path.exists() else []
-        entry = summarise(rows, k)
+        spec = params["benchmarks"][bench]
+        checked = kind in grading.CHECKERS
+        entry = summarise(rows, 1 if checked else params["k"])
+        if checked and rows:
+            entry.update(_checked_summary(kind, rows, spec))
         entry["answer_type"] = kind
-        if params["benchmarks"][bench].get("paper"):
-            entry["paper"] = params["benchmarks"][bench]["paper"]
+        if spec.get("paper"):
+            entry["paper"] = spec["paper"]
         summary["benchmarks"][bench] = entry
         avg = entry["avg_at_k"]
-        print(f"[eval] {model_name} {bench}: avg@{k} {avg if avg is None else round(avg, 3)} "
-              f"over {len(rows)} problems", flush=True)
+        print(f"[eval] {model_name} {bench}: {'score' if checked else 'avg@' + str(params['k'])} "
+              f"{avg if avg is None else round(avg, 3)} over {len(rows)} problems", flush=True)
     write_json(out / "summary.json", summary)
     write_manifest(out, stage=f"evaluate_{model_name}", params=params, inputs=[model_dir],
                    counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0)

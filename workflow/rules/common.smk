@@ -141,7 +141,9 @@ def sft_data_files():
 
 
 def benchmark_files():
-    return _local([config["benchmarks"][b]["path"] for b in config["evaluate"]["benchmarks"]])
+    from rstar2.data.benchmarks import benchmark_files as files  # BFCL: one question and answer file per category
+
+    return _local([f for b in config["evaluate"]["benchmarks"] for f in files(config["benchmarks"][b])])
 
 
 def rl_data_params():
