@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from rstar2 import grading
-from rstar2.grading import (TimeoutException, check_gold, extract_final_answer, last_boxed, gold_is_valid, grade,
+from rstar2.grading import (TimeoutException, check_gold, extract_final_answer, gold_is_valid, grade, last_boxed,
                             normalize_answer, score_trajectory)
 
 # ---------------------------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ IFEVAL_CASES = [
      "One. Two. Three. Four.", False, [False], False),
     # langdetect (seeded) decides the language
     ("language ok", _ref(["language:response_language"], [{"language": "de"}]),
-     "Das ist eine kurze Antwort auf Deutsch, die der Prüfer als deutsche Sprache erkennen sollte.", True, [True], True),
+     "Das ist eine kurze Antwort auf Deutsch, die der Prüfer als deutsche Sprache erkennen sollte.",
+     True, [True], True),
     ("two instructions, one kept", _ref(["punctuation:no_comma", "detectable_format:title"], [{}, {}]),
      "<<A Title>> and then text, with a comma.", False, [False, True], False),
 ]

@@ -4,7 +4,8 @@ must score 1, and every item must come back within its per-item deadline (status
 
 Before the exact path (commit ac27f31), 10 of these 28 near-misses scored 1 under Math-Verify's float
 tolerance: 1/20! vs 1/21!, 10^{-20} vs 2·10^{-20}, e^{-50} vs e^{-51}, 10^{-100} vs 10^{-101}, π, √2 and ln 2
-against decimals, π/10^15 against its decimal, √(5+2√6) vs √2+√3+10^{-20}, and [0, 10^{-20}] vs [0, 2·10^{-20}].
+against decimals, π/10^15 against its decimal, √(5+2√6) vs √2+√3+10^{-20}, and [0, 10^{-20}] vs
+[0, 2·10^{-20}] (benchmarks/bench_symbolic_grading.py: 12 of 28 under Math-Verify's verify alone).
 """
 
 from fractions import Fraction
