@@ -61,6 +61,9 @@ def _check_heldout_benchmark():
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"config: rl.heldout.benchmark {name!r} cannot be loaded: {e}") from None
     answer_type = config["benchmarks"][name].get("answer_type", "math")
+    if answer_type in ("ifeval", "bfcl"):
+        raise ValueError(f"config: rl.heldout.benchmark {name!r} is an {answer_type} benchmark, checked on whole "
+                         "responses by its own checker; the held-out evaluation grades answers like the reward")
     if answer_type != "integer":
         # RL rewards always use the integer grader; a lenient grader on the held-out set can count what the
         # reward does not (an unevaluated expression boxed as the answer scores 1 under Math-Verify)
