@@ -194,3 +194,27 @@ def test_unknown_ifeval_instruction_stops_before_any_rollout(tmp_path, scripted)
     with pytest.raises(ValueError, match=r"'ife'.*problem 7.*made:up"):
         evaluate.run(_params({"ife": {"path": str(f), "answer_type": "ifeval"}}), "m", "unused", str(tmp_path / "o"))
     assert scripted == []
+
+
+def test_paper_config_evaluates_the_generalisation_suite_by_hub_id():
+    """configs/paper-qwen3-14b.yaml: HMMT25 and GPQA-Diamond by hub id (network / gated), IFEval and BFCL bundled,
+    beside the math benchmarks, each graded by its answer type; valid against the schema over config.yaml."""
+    import yaml
+    from snakemake.utils import validate
+
+    with open("config.yaml") as f:
+        config = yaml.safe_load(f)
+    with open("configs/paper-qwen3-14b.yaml") as f:
+        paper = yaml.safe_load(f)
+    config["benchmarks"].update(paper["benchmarks"])
+    config["evaluate"].update(paper["evaluate"])
+    validate(config, "workflow/schemas/config.schema.yaml")
+    names = config["evaluate"]["benchmarks"]
+    assert set(names) >= {"aime24", "aime25", "math500", "hmmt25", "gpqa_diamond", "ifeval", "bfcl"}
+    kinds = {b: config["benchmarks"][b]["answer_type"] for b in names}
+    assert kinds["hmmt25"] == "math" and kinds["gpqa_diamond"] == "choice"
+    assert kinds["ifeval"] == "ifeval" and kinds["bfcl"] == "bfcl"
+    assert config["benchmarks"]["hmmt25"]["path"] == "hub:MathArena/hmmt_feb_2025"
+    assert config["benchmarks"]["gpqa_diamond"]["path"] == "hub:Idavidrein/gpqa"
+    assert config["benchmarks"]["gpqa_diamond"]["config"] == "gpqa_diamond"
+    assert {config["benchmarks"][b].get("paper") for b in names} >= {"HMMT Feb25", "GPQA-Diamond", "IFEval", "BFCL v3"}
