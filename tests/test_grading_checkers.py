@@ -174,6 +174,7 @@ def test_ifeval_checker_never_downloads(tmp_path):
             "from rstar2.grading import ifeval\n"
             "ref = {'key': 1, 'prompt': 'p', 'instruction_id_list': ['length_constraints:number_sentences'],\n"
             "       'kwargs': [{'relation': 'at least', 'num_sentences': 2}]}\n"
+            "ifeval.check_reference(ref)\n"
             "print(ifeval.check('<answer>One sentence. Two sentences.</answer>', ref)['prompt_level_strict_acc'])\n")
     env = {**os.environ, "NLTK_DATA": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -74,9 +74,9 @@ def response_text(final_turn: str) -> str:
 
 def check_reference(reference: dict) -> None:
     """Raise ``ValueError`` when an IFEval row names an instruction lm-eval does not check (a data error)."""
+    checker()                               # first: NLTK's data path is set before lm-eval is imported
     from lm_eval.tasks.ifeval import instructions_registry
 
-    checker()
     unknown = [i for i in reference["instruction_id_list"] if i not in instructions_registry.INSTRUCTION_DICT]
     if unknown:
         raise ValueError(f"unknown IFEval instruction(s) {unknown}")
