@@ -150,23 +150,15 @@ def _decode_call(obj, tool_name: str) -> ToolCall:
     return ToolCall(name=obj["name"], code=code, stdin=str(stdin))
 
 
-def parse_tool_calls(text: str, tool_name: str = DEFAULT_TOOL_NAME) -> list[ToolCall]:
-    """Parse every ``<tool_call>{json}</tool_call>`` block of one complete assistant turn, in order (spec §2.3).
-
-    Rules (the released hermes parser, plus fixes for the failure cases in cases/handed.jsonl T01-T03):
-    - The JSON object is read with a JSON decoder from just after ``<tool_call>`` and must be followed by
-      ``</tool_call>``; so a ``</tool_call>`` *inside* the code string does not end the call (the
-      released non-greedy regex cuts there). Raw newlines in strings are accepted.
-    - ``arguments`` given as a JSON string is decoded; a code string wrapped whole in markdown fences is unwrapped.
-    - Calls inside closed ``<reason>``/``<think>`` blocks (and before the first ``</reason>``, since the
-      turn starts inside ``<reason>``) are mentions, not calls, and are ignored.
-    - Anything else wrong (bad JSON, a second object in one tag, unknown tool, missing/empty code, no
-      closing tag) yields ``ToolCall(error="Failed to decode tool call: ...")``: the text goes back to the
-      model as the tool response and code never runs with missing or partial arguments.
-    The caller must not parse a turn that was cut by the length limit (spec §2.5, case T04).
+def scan_tool_calls(text: str) -> list:
+    """Every ``<tool_call>{json}</tool_call>`` block of one complete assistant turn, in order: the decoded
+    JSON value, or the ``ValueError`` that says why the block is not one JSON object followed by its
+    closing tag. Blocks inside reasoning are skipped (rules in :func:`parse_tool_calls`); the schema of the
+    object (which tool, which arguments) is the caller's: the code tool here, BFCL's functions in
+    :mod:`rstar2.grading.bfcl`.
     """
     text = _outside_reasoning(text)
-    calls: list[ToolCall] = []
+    found: list = []
     pos = 0
     while (start := text.find(TOOL_CALL_OPEN, pos)) >= 0:
         body = start + len(TOOL_CALL_OPEN)
@@ -184,11 +176,37 @@ def parse_tool_calls(text: str, tool_name: str = DEFAULT_TOOL_NAME) -> list[Tool
                 raise ValueError("no closing </tool_call> after the JSON object" if close < 0 else
                                  "extra text after the JSON object; write one object per <tool_call>")
             pos = j + len(TOOL_CALL_CLOSE)
-            calls.append(_decode_call(obj, tool_name))
-        except (ValueError, TypeError) as e:
+            found.append(obj)
+        except ValueError as e:
             if pos <= start:  # the JSON itself failed: resume after this block's closing tag
                 close = text.find(TOOL_CALL_CLOSE, body)
                 pos = len(text) if close < 0 else close + len(TOOL_CALL_CLOSE)
+            found.append(e)
+    return found
+
+
+def parse_tool_calls(text: str, tool_name: str = DEFAULT_TOOL_NAME) -> list[ToolCall]:
+    """Parse every ``<tool_call>{json}</tool_call>`` block of one complete assistant turn, in order (spec §2.3).
+
+    Rules (the released hermes parser, plus fixes for the failure cases in cases/handed.jsonl T01-T03):
+    - The JSON object is read with a JSON decoder from just after ``<tool_call>`` and must be followed by
+      ``</tool_call>``; so a ``</tool_call>`` *inside* the code string does not end the call (the
+      released non-greedy regex cuts there). Raw newlines in strings are accepted.
+    - ``arguments`` given as a JSON string is decoded; a code string wrapped whole in markdown fences is unwrapped.
+    - Calls inside closed ``<reason>``/``<think>`` blocks (and before the first ``</reason>``, since the
+      turn starts inside ``<reason>``) are mentions, not calls, and are ignored.
+    - Anything else wrong (bad JSON, a second object in one tag, unknown tool, missing/empty code, no
+      closing tag) yields ``ToolCall(error="Failed to decode tool call: ...")``: the text goes back to the
+      model as the tool response and code never runs with missing or partial arguments.
+    The caller must not parse a turn that was cut by the length limit (spec §2.5, case T04).
+    """
+    calls: list[ToolCall] = []
+    for obj in scan_tool_calls(text):
+        try:
+            if isinstance(obj, ValueError):
+                raise obj
+            calls.append(_decode_call(obj, tool_name))
+        except (ValueError, TypeError) as e:
             calls.append(ToolCall(name=None, code=None, error=f"Failed to decode tool call: {e}"))
     return calls
 

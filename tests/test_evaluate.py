@@ -55,10 +55,10 @@ def scripted(monkeypatch):
     return calls
 
 
-def _params(benchmarks, seed=0):
+def _params(benchmarks, seed=0, limit=0):
     return stage_params("evaluate", overrides={
         "seed": seed, "benchmarks": benchmarks,
-        "evaluate": {"benchmarks": list(benchmarks), "limit": 0, "k": 3, "max_response_tokens": 64, "max_turns": 2,
+        "evaluate": {"benchmarks": list(benchmarks), "limit": limit, "k": 3, "max_response_tokens": 64, "max_turns": 2,
                      "temperature": 0.6, "top_p": 0.95, "batch_size": 6}})
 
 
@@ -126,3 +126,97 @@ def test_bad_gold_stops_before_any_rollout(tmp_path, bench_files, scripted):
 def test_summarise_with_no_rows_is_all_none():
     s = metrics.summarise([], 16)
     assert s["n_problems"] == 0 and s["avg_at_k"] is None and s["maj_at_k"] is None
+
+
+# IFEval and BFCL through the stage: scripted responses, the checkers' verdicts, greedy one-sample one-turn
+# sampling, the per-category limit and resumption.
+CHECKED_SCRIPT = {
+    "1": "<answer>no commas here</answer>", "2": "<answer>a, b</answer>",
+    "simple_python_0": "</reason><tool_call>{\"name\": \"calculate_triangle_area\", \"arguments\": "
+                       "{\"base\": 10, \"height\": 5}}</tool_call>",
+    "simple_python_1": "I cannot call anything.",
+    "irrelevance_0": "No function fits.",
+    "irrelevance_1": "</reason><tool_call>{\"name\": \"x\", \"arguments\": {}}</tool_call>",
+}
+
+
+@pytest.fixture
+def checked_benchmarks(tmp_path):
+    f = tmp_path / "ifeval.jsonl"
+    f.write_text("".join(json.dumps({"key": k, "prompt": f"Answer without commas ({k}).",
+                                     "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}) + "\n"
+                         for k in (1, 2, 3)))
+    return {"ifeval": {"path": str(f), "answer_type": "ifeval", "paper": "IFEval"},
+            "bfcl": {"path": "data/eval/bfcl", "answer_type": "bfcl", "paper": "BFCL v3",
+                     "categories": ["simple_python", "irrelevance"]}}
+
+
+def test_ifeval_and_bfcl_are_checked_by_their_checkers_and_resume(tmp_path, checked_benchmarks, monkeypatch):
+    calls = []
+
+    def fake_run_rollouts(model, tok, problems, cfg, progress=None):
+        assert cfg.temperature == 0.0 and cfg.max_turns == 1       # the paper's protocol for these: greedy
+        calls.append([p["id"] for p in problems])
+        out = []
+        for p in problems:
+            assert p["prompt"].endswith("<|im_start|>assistant\n<reason>") and "answer" not in p
+            out.append(Trajectory(problem_id=p["id"], question=p["problem"], gold=None, prompt_ids=[1],
+                                  response_ids=[5] * 7, response_mask=[1] * 7, finish_reason="answer",
+                                  turns=[{"text": CHECKED_SCRIPT[p["id"]], "tool_calls": []}]))
+        return out
+
+    monkeypatch.setattr(models, "load", lambda d: (object(), object()))
+    monkeypatch.setattr(rollout, "run_rollouts", fake_run_rollouts)
+    out = tmp_path / "eval" / "m"
+    params = _params(checked_benchmarks, limit=2)
+    evaluate.run(params, "m", "unused", str(out))
+    assert sorted(i for c in calls for i in c) == sorted(CHECKED_SCRIPT)   # limit 2: per BFCL category, k = 1
+    summary = json.loads((out / "summary.json").read_text())["benchmarks"]
+    ife = summary["ifeval"]
+    assert ife["n_problems"] == 2 and ife["k"] == 1 and ife["answer_type"] == "ifeval" and ife["paper"] == "IFEval"
+    assert ife["ifeval"]["prompt_level_strict_acc"] == 0.5 and ife["avg_at_k"] == 0.5
+    assert ife["ifeval"]["inst_level_loose_acc"] == 0.5 and ife["checker_errors"] == 0
+    b = summary["bfcl"]["bfcl"]
+    assert b["by_category"] == {"simple_python": {"n": 2, "accuracy": 0.5}, "irrelevance": {"n": 2, "accuracy": 0.5}}
+    assert summary["bfcl"]["avg_at_k"] == 0.5
+    rows = {r["id"]: r for line in (out / "bfcl" / "per_problem.jsonl").read_text().splitlines()
+            for r in [json.loads(line)]}
+    assert rows["simple_python_0"]["rewards"] == [1.0] and rows["simple_python_0"]["group"] == "simple_python"
+    assert rows["simple_python_0"]["checks"][0]["decoded"] == [{"calculate_triangle_area": {"base": 10, "height": 5}}]
+    assert rows["irrelevance_1"]["checks"][0]["error_type"] == "irrelevance_error:decoder_success"
+
+    calls.clear()
+    evaluate.run(params, "m", "unused", str(out))                          # finished: nothing recomputed
+    assert calls == [] and json.loads((out / "summary.json").read_text())["benchmarks"] == summary
+
+
+def test_unknown_ifeval_instruction_stops_before_any_rollout(tmp_path, scripted):
+    f = tmp_path / "ifeval.jsonl"
+    f.write_text(json.dumps({"key": 7, "prompt": "p", "instruction_id_list": ["made:up"], "kwargs": [{}]}) + "\n")
+    with pytest.raises(ValueError, match=r"'ife'.*problem 7.*made:up"):
+        evaluate.run(_params({"ife": {"path": str(f), "answer_type": "ifeval"}}), "m", "unused", str(tmp_path / "o"))
+    assert scripted == []
+
+
+def test_paper_config_evaluates_the_generalisation_suite_by_hub_id():
+    """configs/paper-qwen3-14b.yaml: HMMT25 and GPQA-Diamond by hub id (network / gated), IFEval and BFCL bundled,
+    beside the math benchmarks, each graded by its answer type; valid against the schema over config.yaml."""
+    import yaml
+    from snakemake.utils import validate
+
+    with open("config.yaml") as f:
+        config = yaml.safe_load(f)
+    with open("configs/paper-qwen3-14b.yaml") as f:
+        paper = yaml.safe_load(f)
+    config["benchmarks"].update(paper["benchmarks"])
+    config["evaluate"].update(paper["evaluate"])
+    validate(config, "workflow/schemas/config.schema.yaml")
+    names = config["evaluate"]["benchmarks"]
+    assert set(names) >= {"aime24", "aime25", "math500", "hmmt25", "gpqa_diamond", "ifeval", "bfcl"}
+    kinds = {b: config["benchmarks"][b]["answer_type"] for b in names}
+    assert kinds["hmmt25"] == "math" and kinds["gpqa_diamond"] == "choice"
+    assert kinds["ifeval"] == "ifeval" and kinds["bfcl"] == "bfcl"
+    assert config["benchmarks"]["hmmt25"]["path"] == "hub:MathArena/hmmt_feb_2025"
+    assert config["benchmarks"]["gpqa_diamond"]["path"] == "hub:Idavidrein/gpqa"
+    assert config["benchmarks"]["gpqa_diamond"]["config"] == "gpqa_diamond"
+    assert {config["benchmarks"][b].get("paper") for b in names} >= {"HMMT Feb25", "GPQA-Diamond", "IFEval", "BFCL v3"}

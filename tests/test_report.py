@@ -180,10 +180,34 @@ def test_report_uses_rl_data_funnel_png_and_declared_paper_columns(tmp_path, fak
     report.run(_rp(dpi=60), fake_inputs, str(out))
     assert (out / "funnel.png").read_bytes() == funnel_png.read_bytes()
     md = (out / "summary.md").read_text()
-    assert "| model | source | hmmt_february | gpqa_diamond | aime24 | aime25 |" in md
-    assert "| rStar2-Agent-14B | paper Table 3 (avg@16) | 52.7 | 60.9 | 80.6 | 69.8 |" in md
-    assert "| QWQ-32B | paper Table 3 | 47.5 | – | 79.5 | 65.8 |" in md
+    assert "| model | source | hmmt_february | aime24 | aime25 |" in md
+    assert "| rStar2-Agent-14B | paper Table 3 (avg@16) | 52.7 | 80.6 | 69.8 |" in md
+    assert "| QWQ-32B | paper Table 3 | 47.5 | 79.5 | 65.8 |" in md
+    # GPQA-Diamond is a Table 5 benchmark: shown beside the paper's generalisation numbers
+    assert "| model | source | GPQA-Diamond | BFCL v3 | IFEval | Arena-Hard |" in md
+    assert "| sft | this run | 30.0 [25.0, 35.0] | – | – | – |" in md
+    assert "| rStar2-Agent-14B | paper Table 5 | 60.9 | 60.8 | 83.4 | 86.6 |" in md
+    assert "| rStar2-Agent-14B after SFT | paper Table 5 | 42.1 | 63.1 | 83.7 | 86.8 |" in md
+    assert "| DeepSeek-V3 | paper Table 5 | 59.1 | 57.6 | 86.1 | 85.5 |" in md
     assert "| sft | hmmt_february | math | 30 | 4 | 10.0 | [0.0, 20.0] | – | 20.0 |" in md
+
+
+def test_report_shows_ifeval_and_bfcl_checker_metrics(tmp_path, fake_inputs):
+    """IFEval's four accuracies and BFCL's per-category scores, and their headlines in the Table 5 comparison."""
+    _write_json(tmp_path / "eval" / "sft" / "summary.json", {"model": "sft", "benchmarks": {
+        "ifeval": {"n_problems": 541, "k": 1, "avg_at_k": 0.25, "avg_at_k_ci": [0.2, 0.3], "answer_type": "ifeval",
+                   "paper": "IFEval", "ifeval": {"prompt_level_strict_acc": 0.25, "inst_level_strict_acc": 0.4,
+                                                 "prompt_level_loose_acc": 0.3, "inst_level_loose_acc": 0.45}},
+        "bfcl": {"n_problems": 10, "k": 1, "avg_at_k": 0.5, "avg_at_k_ci": None, "answer_type": "bfcl",
+                 "paper": "BFCL v3", "bfcl": {"accuracy": 0.5, "by_category": {
+                     "simple_python": {"n": 5, "accuracy": 0.2}, "irrelevance": {"n": 5, "accuracy": 0.8}}}}}})
+    out = tmp_path / "report"
+    report.run(_rp(dpi=60), fake_inputs, str(out))
+    md = (out / "summary.md").read_text()
+    assert "| sft | this run | – | 50.0 | 25.0 [20.0, 30.0] | – |" in md
+    assert "| sft | ifeval | 541 | 25.0 | 40.0 | 30.0 | 45.0 |" in md
+    assert "| model | benchmark | simple_python | irrelevance | mean |" in md
+    assert "| sft | bfcl | 20.0 (n=5) | 80.0 (n=5) | 50.0 |" in md
 
 
 def test_training_curves_plot_new_metrics_when_present(tmp_path):

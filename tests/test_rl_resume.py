@@ -139,5 +139,5 @@ def test_fingerprint_changes_with_the_reward_code(tmp_path, monkeypatch):
     args = ({"lr": 1}, tmp_path / "model", tmp_path / "d.jsonl")
     before = checkpoints.fingerprint(*args)
     assert checkpoints.fingerprint(*args) == before
-    (pkg / "grading.py").write_text("# v2: integer answers only\n")
+    (pkg / "grading" / "symbolic.py").write_text("# v2: integer answers only\n")
     assert checkpoints.fingerprint(*args) != before

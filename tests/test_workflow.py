@@ -169,6 +169,11 @@ def test_killed_mid_stage_then_completes(workdir):
     assert (report / "summary.md").read_text().count("|") > 20
     for png in ("training_curves.png", "eval.png", "funnel.png"):
         assert (report / png).stat().st_size > 1000
+    # IFEval and BFCL went through their checkers (one prompt; one question per BFCL category)
+    evaluated = json.loads((workdir / "results/eval/rl_stage3/summary.json").read_text())["benchmarks"]
+    assert evaluated["ifeval"]["n_problems"] == 1 and set(evaluated["ifeval"]["ifeval"]) >= {"prompt_level_strict_acc"}
+    assert evaluated["bfcl"]["n_problems"] == 5 and evaluated["bfcl"]["checker_errors"] == 0
+    assert "Generalisation beside paper Table 5" in (report / "summary.md").read_text()
     assert planned_jobs(workdir, TINY) == {}
     funnel = json.loads((workdir / "results/rl_data/funnel.json").read_text())
     assert funnel["step_status"]["label_verification"] == "skipped" and funnel["steps"][-3:] == [

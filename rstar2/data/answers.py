@@ -198,25 +198,37 @@ def matching_brace(text: str, open_index: int) -> int:
     return -1
 
 
-def last_boxed(text: str | None) -> str | None:
-    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, or None if there is none.
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
-    Braces are matched, so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``. The rare brace-less form
-    ``\\boxed 5`` gives ``5``. Used for datasets (MATH, AIME with solutions) whose gold lives in a solution.
+
+def last_boxed(text: str | None) -> str | None:
+    """The content of the LAST ``\\boxed{...}`` / ``\\fbox{...}`` in ``text`` (stripped), or None.
+
+    The one box reader of the project: gold answers inside dataset solutions (``answer_from_boxed``) and the
+    model's final answer (:func:`rstar2.grading.extract_final_answer`) both use it, so they cannot disagree.
+    Braces are matched (:func:`matching_brace`), so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``. The
+    brace-less Minerva form ``\\boxed 5`` gives the token after the space (a trailing ``.``, ``,`` or ``;``
+    dropped). An empty box gives ``""``.
+
+    Only the last box counts: when it is unfinished (``\\boxed{`` without its closing brace, a response cut
+    off by the length limit, or a damaged solution) the result is None; it never falls back to an earlier
+    box, which would be an answer the text went on to revise (handed case G02).
     """
     if not text:
         return None
-    starts = [m for m in re.finditer(r"\\(?:boxed|fbox)\b", text)]
-    for m in reversed(starts):
-        rest_start = m.end()
-        while rest_start < len(text) and text[rest_start] == " ":
-            rest_start += 1
-        if rest_start < len(text) and text[rest_start] == "{":
-            close = matching_brace(text, rest_start)
-            if close != -1:
-                return text[rest_start + 1:close].strip()
-        else:
-            token = re.match(r"\s*([^\s$.,]+)", text[m.end():])
-            if token:
-                return token.group(1)
+    matches = list(_BOX_RE.finditer(text))
+    if not matches:
+        return None
+    m = matches[-1]
+    i = m.end()
+    while i < len(text) and text[i] in " \t\n":
+        i += 1
+    if i >= len(text):
+        return None                          # "\boxed" at the very end: truncated
+    if text[i] == "{":
+        close = matching_brace(text, i)
+        return None if close == -1 else text[i + 1:close].strip()
+    if i > m.end():                          # "\boxed 5"
+        tok = re.match(r"[^\s$]+", text[i:])
+        return tok.group(0).rstrip(".,;") if tok else None
     return None

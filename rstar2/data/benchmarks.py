@@ -11,7 +11,13 @@ a :func:`rstar2.data.loaders.load_source` spec (``path``, ``fields``, ...) plus
   column of the correct option's text. The options are shuffled per problem (seeded by the benchmark name
   and problem id, so every run and every model sees the same order), appended to the problem as
   ``(A) ... (B) ...``, and the gold becomes the correct option's letter;
-- ``paper``: optional, the column of the paper's Table 3 this benchmark is reported beside (spec §6.2).
+- ``paper``: optional, the column of the paper's Table 3 or 5 this benchmark is reported beside (spec §6.2).
+
+Two answer types are not answers: ``ifeval`` and ``bfcl`` benchmarks are checked on the whole response by the
+field's reference checkers (rstar2.grading.ifeval: lm-eval's IFEval checks; rstar2.grading.bfcl: the Berkeley
+AST checker). Their rows carry a ready ``prompt`` (rstar2.data.ifeval / rstar2.data.bfcl), their ``answer`` is
+the checker's reference as JSON, and ``path`` is IFEval's ``input_data.jsonl`` or the BFCL data folder, whose
+``categories`` are evaluated (each category a ``group``, so that ``evaluate.limit`` applies per category).
 
 Bundled under data/eval/ (see each folder's SOURCE.md): AIME24, AIME25, AMC23, MATH-500. Not bundled, loadable
 from a path or ``hub:<id>`` the user gives: HMMT Feb 2025 (e.g. ``hub:MathArena/hmmt_feb_2025``, answer_type
@@ -57,10 +63,12 @@ ANSWER_TYPE_RULES: dict[str, AnswerType] = {
     "integer": AnswerType("integer", _integer_gold, "exact integer, then the general rules (grading.grade)"),
     "math": AnswerType("math", _integer_gold, "integers, exact rationals, then Math-Verify (grading.grade)"),
     "choice": AnswerType("choice", str.strip, "the option letter only (grading.grade_choice)"),
+    "ifeval": AnswerType("ifeval", str, "lm-eval's IFEval instruction checks (grading.ifeval)"),
+    "bfcl": AnswerType("bfcl", str, "the Berkeley AST checker of bfcl-eval (grading.bfcl)"),
 }
 
 #: spec keys that are this module's, not load_source's
-_BENCH_KEYS = ("answer_type", "choices", "paper")
+_BENCH_KEYS = ("answer_type", "choices", "paper", "categories")
 
 # name -> spec. AIME answers are zero-padded strings ("025"), AMC23 answers are JSON floats (27.0).
 DEFAULT_BENCHMARKS: dict[str, dict] = {
@@ -113,6 +121,8 @@ def load_benchmark(name: str, spec: dict | None = None, base_dir: Path | str = W
         spec = DEFAULT_BENCHMARKS[name]
     spec = {"name": name, **spec}
     kind = answer_type(spec)
+    if kind.name in grading.CHECKERS:
+        return _checked_rows(name, spec, kind, base_dir)
     source_spec = {k: v for k, v in spec.items() if k not in _BENCH_KEYS}
     rows = load_source(source_spec, base_dir)
     if not rows:
@@ -120,6 +130,35 @@ def load_benchmark(name: str, spec: dict | None = None, base_dir: Path | str = W
     if kind.name == "choice":
         rows = _with_options(name, spec, source_spec, rows, base_dir)
     return [_benchmark_row(name, spec, kind, row) for row in rows]
+
+
+def benchmark_files(spec: dict) -> list[str]:
+    """The local files a benchmark reads (Snakemake inputs): its ``path``, or for ``bfcl`` the question and
+    answer files of its ``categories``; none for a ``hub:`` dataset."""
+    path = spec["path"]
+    if path.startswith("hub:"):
+        return []
+    if answer_type(spec).name == "bfcl":
+        from rstar2.data.bfcl import files
+
+        return [str(f) for f in files(Path(path), spec["categories"])]
+    return [path]
+
+
+def _checked_rows(name: str, spec: dict, kind: AnswerType, base_dir) -> list[dict]:
+    """IFEval / BFCL rows (rstar2.data.ifeval, rstar2.data.bfcl) in the shape of :func:`load_benchmark`."""
+    path = Path(base_dir) / spec["path"]
+    if kind.name == "bfcl":
+        from rstar2.data.bfcl import load
+
+        rows = load(name, path, spec["categories"])
+    else:
+        from rstar2.data.ifeval import load
+
+        rows = load(name, path)
+    if not rows:
+        raise ValueError(f"benchmark '{name}' ({spec['path']}): no rows")
+    return [{**r, "answer_raw": r["answer"], "answer_type": kind.name} for r in rows]
 
 
 def _with_options(name: str, spec: dict, source_spec: dict, rows: list[dict], base_dir) -> list[dict]:

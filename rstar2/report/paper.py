@@ -26,8 +26,14 @@ TABLE3: list[tuple[str, bool | None, dict[str, float | None]]] = [
 ]
 OURS = "rStar2-Agent-14B"
 
-#: P Table 5: GPQA-Diamond pass@1 (percent); rStar2-Agent-14B after RL, and DeepSeek-V3.
-GPQA = {"rStar2-Agent-14B": 60.9, "DeepSeek-V3": 59.1}
+#: Columns of Table 5 (generalisation), in the paper's order. IFEval is strict prompt-level accuracy (spec §6.1).
+TABLE5_COLUMNS = ["GPQA-Diamond", "BFCL v3", "IFEval", "Arena-Hard"]
+#: P Table 5 rows (spec §6.2): rStar2-Agent-14B after RL, the same model after the non-reasoning SFT, DeepSeek-V3.
+TABLE5: list[tuple[str, dict[str, float]]] = [
+    ("rStar2-Agent-14B", {"GPQA-Diamond": 60.9, "BFCL v3": 60.8, "IFEval": 83.4, "Arena-Hard": 86.6}),
+    ("rStar2-Agent-14B after SFT", {"GPQA-Diamond": 42.1, "BFCL v3": 63.1, "IFEval": 83.7, "Arena-Hard": 86.8}),
+    ("DeepSeek-V3", {"GPQA-Diamond": 59.1, "BFCL v3": 57.6, "IFEval": 86.1, "Arena-Hard": 85.5}),
+]
 
 #: P Table 4: average response length in tokens.
 TABLE4_LENGTH = {
@@ -43,6 +49,7 @@ _ALIASES = {
     "aime25": "AIME25", "aime2025": "AIME25",
     "hmmt25": "HMMT Feb25", "hmmtfeb25": "HMMT Feb25", "hmmtfeb2025": "HMMT Feb25", "hmmt2025": "HMMT Feb25",
     "gpqa": "GPQA-Diamond", "gpqadiamond": "GPQA-Diamond",
+    "ifeval": "IFEval", "bfcl": "BFCL v3", "bfclv3": "BFCL v3", "arenahard": "Arena-Hard",
 }
 
 
@@ -55,9 +62,10 @@ def paper_column(bench: str, declared: str | None = None) -> str | None:
 
 
 def reference(model: str, column: str) -> float | None:
-    """The paper's pass@1 (percent) for ``model`` in ``column`` (Table 3, or Table 5 for GPQA-Diamond)."""
-    if column == "GPQA-Diamond":
-        return GPQA.get(model)
+    """The paper's number (percent) for ``model`` in ``column``: Table 3 (pass@1) or Table 5 (GPQA-Diamond,
+    BFCL v3, IFEval strict prompt-level, Arena-Hard)."""
+    if column in TABLE5_COLUMNS:
+        return next((values.get(column) for name, values in TABLE5 if name == model), None)
     for name, _, values in TABLE3:
         if name == model:
             return values.get(column)

@@ -45,51 +45,100 @@ def _with_ci(e: dict | None) -> str:
 
 
 def evaluation(evals: dict[str, dict | None]) -> list:
-    """The evaluation table (our models, then the paper's Table 3 rows in the columns we evaluated), the
-    per-benchmark details, and the full Table 3 for reference."""
+    """The evaluation tables: math beside the paper's Table 3 (our models, then the paper's rows in the
+    columns we evaluated), generalisation beside Table 5 (GPQA-Diamond, BFCL, IFEval, Arena-Hard), the
+    per-benchmark details, the IFEval and BFCL checker metrics, and the full Table 3 for reference."""
     blocks: list = [Heading("Evaluation")]
     benches = benchmarks_of(evals)
+    math = {b: c for b, c in benches.items() if c not in paper.TABLE5_COLUMNS}
     models = {m: s for m, s in evals.items() if s and (s.get("benchmarks") or {})}
     if not models:
         blocks.append(Para(f"Evaluation: {NO_DATA}."))
     else:
-        rows = [[m, "this run"] + [_with_ci((s.get("benchmarks") or {}).get(b)) for b in benches]
-                for m, s in models.items()]
-        for name, _, _ in paper.TABLE3:
-            vals = [paper.reference(name, col) if col else None for col in benches.values()]
-            if any(v is not None for v in vals):
-                rows.append([name, "paper Table 3" if name != paper.OURS else "paper Table 3 (avg@16)"]
-                            + [fmt(v) for v in vals])
-        blocks.append(Table(["model", "source"] + list(benches), rows,
-                            caption="avg@k pass@1 in percent, with its 95% bootstrap confidence interval over "
-                                    "problems for this run (k samples per problem; paper protocol: avg@16 at "
-                                    "temperature 0.6, 30K tokens, 30 turns). Paper rows as reported in Table 3 "
-                                    "(GPQA-Diamond: Table 5)."))
-        rows = []
-        for m, s in models.items():
-            for b, e in (s.get("benchmarks") or {}).items():
-                if not isinstance(e, dict):
-                    continue
-                lo, hi = _ci(e)
-                col = benches.get(b)
-                ref = paper.reference(paper.OURS, col) if col else None
-                ref_len = paper.TABLE4_LENGTH[paper.OURS].get(col) if col else None
-                rows.append([m, b, e.get("answer_type", "–"), fmt_int(e.get("n_problems")), fmt_int(e.get("k")),
-                             fmt(pct(e.get("avg_at_k"))),
-                             f"[{fmt(lo)}, {fmt(hi)}]" if lo is not None else "–",
-                             fmt(pct(e.get("pass_at_k"))), fmt(pct(e.get("maj_at_k"))),
-                             fmt(e.get("mean_response_tokens")), fmt(e.get("mean_tool_calls"), 2),
-                             fmt(pct(e.get("truncation_ratio"))), fmt(ref), fmt(ref_len)])
-        blocks += [Heading("Details", 3),
-                   Table(["model", "benchmark", "answer type", "problems", "k", "avg@k (%)", "95% CI",
-                          "pass@k (%)", "maj@k (%)", "mean response tokens", "mean tool calls", "truncated (%)",
-                          "paper (%)", "paper mean length"], rows,
-                         caption="pass@k is the unbiased estimator over the k samples; maj@k is majority voting; "
-                                 "paper columns: rStar2-Agent-14B (Tables 3-5).")]
+        if math:
+            rows = [[m, "this run"] + [_with_ci((s.get("benchmarks") or {}).get(b)) for b in math]
+                    for m, s in models.items()]
+            for name, _, _ in paper.TABLE3:
+                vals = [paper.reference(name, col) if col else None for col in math.values()]
+                if any(v is not None for v in vals):
+                    rows.append([name, "paper Table 3" if name != paper.OURS else "paper Table 3 (avg@16)"]
+                                + [fmt(v) for v in vals])
+            blocks.append(Table(["model", "source"] + list(math), rows,
+                                caption="avg@k pass@1 in percent, with its 95% bootstrap confidence interval over "
+                                        "problems for this run (k samples per problem; paper protocol: avg@16 at "
+                                        "temperature 0.6, 30K tokens, 30 turns). Paper rows as reported in Table 3."))
+        blocks += generalisation(models, benches)
+        blocks += _details(models, benches)
+        blocks += checker_details(models)
     blocks += [Heading("Paper Table 3 (pass@1, %)", 3),
                Table(["model", "reasoning SFT"] + paper.TABLE3_COLUMNS,
                      [[name, {True: "yes", False: "no", None: "–"}[sft]] + [fmt(v.get(c)) for c in paper.TABLE3_COLUMNS]
                       for name, sft, v in paper.TABLE3])]
+    return blocks
+
+
+def generalisation(models: dict[str, dict], benches: dict[str, str | None]) -> list:
+    """Our models beside paper Table 5, one column per Table 5 benchmark (``–``: not evaluated in this run)."""
+    by_col = {c: b for b, c in benches.items() if c in paper.TABLE5_COLUMNS}
+    rows = [[m, "this run"] + [_with_ci((s.get("benchmarks") or {}).get(by_col[c])) if c in by_col else "–"
+                               for c in paper.TABLE5_COLUMNS] for m, s in models.items()]
+    rows += [[name, "paper Table 5"] + [fmt(v.get(c)) for c in paper.TABLE5_COLUMNS] for name, v in paper.TABLE5]
+    return [Heading("Generalisation beside paper Table 5 (%)", 3),
+            Table(["model", "source"] + paper.TABLE5_COLUMNS, rows,
+                  caption="GPQA-Diamond: avg@k pass@1 on the option letter; BFCL: bfcl-eval's AST checker on the "
+                          "single-turn Python categories evaluated here, unweighted mean over categories (the "
+                          "paper's BFCL v3 overall also averages live and multi-turn categories); IFEval: lm-eval's "
+                          "strict prompt-level accuracy; both greedy, one sample (paper: temperature 0). "
+                          "Arena-Hard needs a GPT-4 judge and is not evaluated here.")]
+
+
+def _details(models: dict[str, dict], benches: dict[str, str | None]) -> list:
+    rows = []
+    for m, s in models.items():
+        for b, e in (s.get("benchmarks") or {}).items():
+            if not isinstance(e, dict):
+                continue
+            lo, hi = _ci(e)
+            col = benches.get(b)
+            ref = paper.reference(paper.OURS, col) if col else None
+            ref_len = paper.TABLE4_LENGTH[paper.OURS].get(col) if col else None
+            rows.append([m, b, e.get("answer_type", "–"), fmt_int(e.get("n_problems")), fmt_int(e.get("k")),
+                         fmt(pct(e.get("avg_at_k"))),
+                         f"[{fmt(lo)}, {fmt(hi)}]" if lo is not None else "–",
+                         fmt(pct(e.get("pass_at_k"))), fmt(pct(e.get("maj_at_k"))),
+                         fmt(e.get("mean_response_tokens")), fmt(e.get("mean_tool_calls"), 2),
+                         fmt(pct(e.get("truncation_ratio"))), fmt(ref), fmt(ref_len)])
+    return [Heading("Details", 3),
+            Table(["model", "benchmark", "answer type", "problems", "k", "avg@k (%)", "95% CI",
+                   "pass@k (%)", "maj@k (%)", "mean response tokens", "mean tool calls", "truncated (%)",
+                   "paper (%)", "paper mean length"], rows,
+                  caption="pass@k is the unbiased estimator over the k samples; maj@k is majority voting; for "
+                          "IFEval and BFCL avg@k is the checker's headline score; paper columns: rStar2-Agent-14B "
+                          "(Tables 3-5).")]
+
+
+def checker_details(models: dict[str, dict]) -> list:
+    """IFEval's four accuracies and BFCL's per-category accuracies, as the checkers report them."""
+    blocks: list = []
+    ife = [(m, b, e) for m, s in models.items() for b, e in (s.get("benchmarks") or {}).items()
+           if isinstance(e, dict) and isinstance(e.get("ifeval"), dict)]
+    if ife:
+        blocks.append(Table(["model", "benchmark", "prompts", "prompt strict", "instruction strict",
+                             "prompt loose", "instruction loose"],
+                            [[m, b, fmt_int(e.get("n_problems"))] + [fmt(pct(e["ifeval"].get(k))) for k in (
+                                "prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc",
+                                "inst_level_loose_acc")] for m, b, e in ife],
+                            caption="IFEval accuracies in percent (lm-eval's instruction checks and aggregation)."))
+    bf = [(m, b, e) for m, s in models.items() for b, e in (s.get("benchmarks") or {}).items()
+          if isinstance(e, dict) and isinstance(e.get("bfcl"), dict)]
+    if bf:
+        cats = list(dict.fromkeys(c for _, _, e in bf for c in e["bfcl"].get("by_category", {})))
+        blocks.append(Table(["model", "benchmark"] + cats + ["mean"],
+                            [[m, b] + [f"{fmt(pct((e['bfcl']['by_category'].get(c) or {}).get('accuracy')))} "
+                                       f"(n={fmt_int((e['bfcl']['by_category'].get(c) or {}).get('n'))})"
+                                       for c in cats] + [fmt(pct(e["bfcl"].get("accuracy")))] for m, b, e in bf],
+                            caption="BFCL accuracy in percent per category (bfcl-eval's AST checker; irrelevance: "
+                                    "no call made); mean = unweighted over categories."))
     return blocks
 
 

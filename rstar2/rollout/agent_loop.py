@@ -246,9 +246,11 @@ class AgentLoop:
         self._made = itertools.count()
 
     def new_trajectory(self, problem: dict) -> Trajectory:
-        """A fresh trajectory for ``{"id", "problem", "answer"?}`` with the rStar2 prompt (spec §2.1) and a key
+        """A fresh trajectory for ``{"id", "problem", "answer"?, "prompt"?}`` with the rStar2 prompt (spec §2.1), or
+        with ``prompt``, a complete prompt text, when given (IFEval and BFCL bring their own; rstar2.data), and a key
         no other trajectory of this loop has (``<problem id>#<n>``)."""
-        prompt = chat.prompt_text(problem["problem"], [chat.python_tool_schema(self.cfg.tool.name)])
+        prompt = problem.get("prompt") or chat.prompt_text(problem["problem"],
+                                                           [chat.python_tool_schema(self.cfg.tool.name)])
         return Trajectory(problem_id=str(problem["id"]), question=problem["problem"], gold=problem.get("answer"),
                           prompt_ids=self.tok.encode(prompt, add_special_tokens=False),
                           key=f"{problem['id']}#{next(self._made)}", response_logprobs=[])

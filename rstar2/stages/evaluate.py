@@ -13,6 +13,7 @@ problem already graded and recomputes nothing; results made with other params ar
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -32,43 +33,131 @@ def _drop_stale_results(out: Path, params: dict) -> None:
     stamp.write_text(digest(params) + "\n")
 
 
+def _first_per_group(probs: list[dict], limit: int) -> list[dict]:
+    """The first ``limit`` problems of each group (a BFCL category; one group otherwise); 0 = all."""
+    if not limit:
+        return probs
+    seen: dict = {}
+    out = []
+    for p in probs:
+        g = p.get("group")
+        if seen.get(g, 0) < limit:
+            seen[g] = seen.get(g, 0) + 1
+            out.append(p)
+    return out
+
+
 def _load_problems(ev: EvaluateParams) -> dict[str, tuple[str, list[dict]]]:
-    """``{bench: (answer_type, problems)}``, the first ``limit`` problems of each; every gold is checked first,
-    so a data error stops the stage before any rollout, naming the benchmark, file and problem."""
+    """``{bench: (answer_type, problems)}``, the first ``limit`` problems of each (of each BFCL category);
+    every gold or checker reference is checked first, so a data error stops the stage before any rollout,
+    naming the benchmark, file and problem."""
+    from .. import grading
     from ..data.benchmarks import answer_type, load_benchmark
     from ..grading import gold_is_valid
 
     out = {}
     for bench, spec in ev.benchmarks.items():
         kind = answer_type(spec).name
-        probs = load_benchmark(bench, spec)[: ev.limit or None]
+        probs = _first_per_group(load_benchmark(bench, spec), ev.limit)
         for p in probs:
-            if not gold_is_valid(p["answer"], kind):
+            if kind in grading.CHECKERS:
+                try:
+                    _checker(kind).check_reference(json.loads(p["answer"]))
+                except (ValueError, KeyError) as e:
+                    raise ValueError(f"benchmark {bench!r} ({spec.get('path')}), problem {p['id']}: {e}") from None
+            elif not gold_is_valid(p["answer"], kind):
                 raise ValueError(f"benchmark {bench!r} ({spec.get('path')}), problem {p['id']}: "
                                  f"gold answer {p['answer']!r} cannot be parsed as a {kind!r} answer")
         out[bench] = (kind, probs)
     return out
 
 
+def _checker(kind: str):
+    from ..grading import bfcl, ifeval
+
+    return {"ifeval": ifeval, "bfcl": bfcl}[kind]
+
+
+def _check(trajs, refs: list[str], kind: str) -> list[dict]:
+    """Reference-checker results (grading.ifeval / grading.bfcl) for single-turn trajectories, in killable
+    workers; sets each trajectory's ``reward`` (IFEval: all instructions followed, strict; BFCL: valid) and
+    ``pred`` (the checked response / the decoded calls). An item that overran its deadline or crashed scores 0."""
+    from .. import grading_pool
+
+    res = grading_pool.check_many(kind, [(t.turns[-1]["text"] if t.turns else "", json.loads(r))
+                                         for t, r in zip(trajs, refs, strict=True)])
+    for t, r in zip(trajs, res):
+        ok = r["status"] == "ok"
+        t.reward = float(ok and (r["prompt_level_strict_acc"] if kind == "ifeval" else r["valid"]))
+        t.pred = None if not ok else (r["response"] if kind == "ifeval" else json.dumps(r["decoded"]))
+    return res
+
+
+def _checked_summary(kind: str, rows: list[dict], spec: dict) -> dict:
+    """The checker's own metrics of an IFEval / BFCL benchmark; ``avg_at_k`` is the headline the report shows:
+    IFEval strict prompt-level accuracy (the paper's number), BFCL's unweighted mean over categories. A check
+    that timed out or crashed (``checker_errors``) counts as not followed / not valid."""
+    results, errors = [], 0
+    for r in rows:
+        for c in r["checks"]:
+            errors += c["status"] != "ok"
+            if kind == "bfcl":
+                results.append({"category": r["group"], "valid": c["status"] == "ok" and c["valid"]})
+            elif c["status"] == "ok":
+                results.append(c)
+            else:
+                n = len(json.loads(r["answer"])["instruction_id_list"])
+                results.append({"prompt_level_strict_acc": False, "prompt_level_loose_acc": False,
+                                "inst_level_strict_acc": [False] * n, "inst_level_loose_acc": [False] * n})
+    if kind == "ifeval":
+        from ..grading import ifeval
+
+        out = ifeval.summarise(results)
+        return {"ifeval": out, "avg_at_k": out["prompt_level_strict_acc"], "checker_errors": errors}
+    from ..grading import bfcl
+
+    out = bfcl.summarise(results, spec["categories"])
+    return {"bfcl": out, "avg_at_k": out["accuracy"], "avg_at_k_ci": None, "checker_errors": errors}
+
+
+def _record(p: dict, kind: str, samples: list, checks: list[dict] | None) -> dict:
+    row = {"id": str(p["id"]), "answer": p["answer"], "answer_type": kind, "group": p.get("group"),
+           "rewards": [t.reward for t in samples], "preds": [t.pred for t in samples],
+           "response_tokens": [len(t.response_ids) for t in samples],
+           "tool_calls": [len(t.tool_calls) for t in samples],
+           "tool_calls_ok": [sum(c.get("status") == "ok" for c in t.tool_calls) for t in samples],
+           "truncated": [t.truncated for t in samples], "sample": samples[0].record()}
+    if checks is not None:
+        row["checks"] = checks
+    return row
+
+
 def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     """Evaluate one model on every configured benchmark.
 
-    Writes ``<bench>/per_problem.jsonl`` (one row per problem: ``id``, ``answer``, ``answer_type``, and per
-    sample ``rewards``, ``preds``, ``response_tokens``, ``tool_calls``, ``truncated``; plus one full rollout
-    record ``sample`` for the report), then ``summary.json`` (``{"model", "benchmarks": {bench: summarise()}}``)
-    and last ``manifest.json``.
+    Answer-graded benchmarks (integer / math / choice) follow the paper's math protocol (params ``k``,
+    temperature, turns). IFEval and BFCL follow theirs (paper §5.1, spec §6.1: each benchmark's template,
+    temperature 0): one greedy sample per problem, one turn (a BFCL call is checked, never executed), the
+    response checked by the field's reference checker (grading.ifeval, grading.bfcl).
+
+    Writes ``<bench>/per_problem.jsonl`` (one row per problem: ``id``, ``answer``, ``answer_type``, ``group``,
+    and per sample ``rewards``, ``preds``, ``response_tokens``, ``tool_calls``, ``truncated``, plus ``checks``
+    (the checker's verdicts) for IFEval / BFCL and one full rollout record ``sample`` for the report), then
+    ``summary.json`` (``{"model", "benchmarks": {bench: summarise() + checker metrics}}``), last ``manifest.json``.
 
     Args:
-        params: ``rstar2.stages.params.EvaluateParams`` or its JSON dict: benchmarks {name: spec}, limit
-            (problems per benchmark, 0 = all), k (samples per problem), rollout, seed.
+        params: ``rstar2.stages.params.EvaluateParams`` or its JSON dict: benchmarks {name: spec}, limit (problems
+            per benchmark, per BFCL category; 0 = all), k (samples per problem), rollout, seed.
         model_name / model_dir / out_dir: the model's label, its HF folder, e.g. ``results/eval/<model>``.
     Raises:
-        ValueError: a benchmark row with a gold that its answer type cannot grade against.
+        ValueError: a benchmark row with a gold or reference its answer type cannot grade against.
     """
+    import dataclasses
+
     import torch
 
-    from .. import models
-    from ..rollout import Progress, grade_all, sample_groups
+    from .. import grading, models
+    from ..rollout import Progress, grade_all, run_rollouts
 
     t0 = time.time()
     ev = parse(EvaluateParams, params, "evaluate params")
@@ -77,42 +166,57 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     _drop_stale_results(out, to_dict(ev))
     torch.manual_seed(ev.seed)
     model, tok = models.load(model_dir)
-    rcfg, k = ev.rollout, ev.k
-    todo = []                 # all benchmarks share each batch, so short sets do not idle the engine
-    for bench, (kind, probs) in problems.items():
-        path = out / bench / "per_problem.jsonl"
-        done = {r["id"] for r in read_jsonl(path)} if path.exists() else set()
-        todo += [(bench, kind, p) for p in probs if str(p["id"]) not in done]
-    chunk = max(1, rcfg.batch_size // k)
-    progress = Progress(f"eval {model_name}", unit="problems")
-    for start in range(0, len(todo), chunk):
-        batch = todo[start:start + chunk]
-        # no gold goes into the rollout: grading happens here, by each benchmark's declared answer type
-        groups = sample_groups(model, tok, [{"id": p["id"], "problem": p["problem"]} for _, _, p in batch], k, rcfg)
-        grade_all([t for g in groups for t in g], answer_types=[kd for _, kd, _ in batch for _ in range(k)],
-                  golds=[p["answer"] for _, _, p in batch for _ in range(k)])
-        for samples, (bench, kind, p) in zip(groups, batch):
-            append_jsonl(out / bench / "per_problem.jsonl", {
-                "id": str(p["id"]), "answer": p["answer"], "answer_type": kind,
-                "rewards": [t.reward for t in samples], "preds": [t.pred for t in samples],
-                "response_tokens": [len(t.response_ids) for t in samples],
-                "tool_calls": [len(t.tool_calls) for t in samples],
-                "tool_calls_ok": [sum(c.get("status") == "ok" for c in t.tool_calls) for t in samples],
-                "truncated": [t.truncated for t in samples], "sample": samples[0].record()})
-        progress(start + len(batch), len(todo))
+    base = ev.rollout
+    plans = {"answer": (base, ev.k),     # checked kinds: greedy, one sample, one turn
+             "checked": (dataclasses.replace(base, temperature=0.0, max_turns=1), 1)}
+    for plan, (rcfg, k) in plans.items():
+        todo = []             # all benchmarks share each batch, so short sets do not idle the engine
+        for bench, (kind, probs) in problems.items():
+            if (kind in grading.CHECKERS) != (plan == "checked"):
+                continue
+            path = out / bench / "per_problem.jsonl"
+            done = {r["id"] for r in read_jsonl(path)} if path.exists() else set()
+            todo += [(bench, kind, p) for p in probs if str(p["id"]) not in done]
+        chunk = max(1, rcfg.batch_size // k)
+        progress = Progress(f"eval {model_name}" + (" (IFEval/BFCL)" if plan == "checked" else ""), unit="problems")
+        for start in range(0, len(todo), chunk):
+            batch = todo[start:start + chunk]
+            # no gold goes into the rollout: grading happens here, by each benchmark's declared answer type
+            trajs = run_rollouts(model, tok, [{"id": p["id"], "problem": p["problem"], "prompt": p.get("prompt")}
+                                              for _, _, p in batch for _ in range(k)], rcfg)
+            kinds = [kd for _, kd, _ in batch for _ in range(k)]
+            answers = [p["answer"] for _, _, p in batch for _ in range(k)]
+            checks: list = [None] * len(trajs)
+            for kind in set(kinds):
+                idx = [i for i, kd in enumerate(kinds) if kd == kind]
+                sel, refs = [trajs[i] for i in idx], [answers[i] for i in idx]
+                if kind in grading.CHECKERS:
+                    for i, c in zip(idx, _check(sel, refs, kind)):
+                        checks[i] = c
+                else:
+                    grade_all(sel, answer_types=[kind] * len(sel), golds=refs)
+            for i, (bench, kind, p) in enumerate(batch):
+                sl = slice(i * k, (i + 1) * k)
+                append_jsonl(out / bench / "per_problem.jsonl",
+                             _record(p, kind, trajs[sl], checks[sl] if kind in grading.CHECKERS else None))
+            progress(start + len(batch), len(todo))
     summary = {"model": model_name, "benchmarks": {}}
     for bench, (kind, probs) in problems.items():
         ids = {str(p["id"]) for p in probs}
         path = out / bench / "per_problem.jsonl"
         rows = [r for r in read_jsonl(path) if r["id"] in ids] if path.exists() else []
-        entry = summarise(rows, k)
+        spec = ev.benchmarks[bench]
+        checked = kind in grading.CHECKERS
+        entry = summarise(rows, 1 if checked else ev.k)
+        if checked and rows:
+            entry.update(_checked_summary(kind, rows, spec))
         entry["answer_type"] = kind
-        if ev.benchmarks[bench].get("paper"):  # optional in a benchmark spec: no default
-            entry["paper"] = ev.benchmarks[bench]["paper"]
+        if spec.get("paper"):  # optional in a benchmark spec: no default
+            entry["paper"] = spec["paper"]
         summary["benchmarks"][bench] = entry
         avg = entry["avg_at_k"]
-        print(f"[eval] {model_name} {bench}: avg@{k} {avg if avg is None else round(avg, 3)} "
-              f"over {len(rows)} problems", flush=True)
+        print(f"[eval] {model_name} {bench}: {'score' if checked else 'avg@' + str(ev.k)} "
+              f"{avg if avg is None else round(avg, 3)} over {len(rows)} problems", flush=True)
     write_json(out / "summary.json", summary)
     write_manifest(out, stage=f"evaluate_{model_name}", params=to_dict(ev), inputs=[model_dir],
                    counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0)

@@ -66,7 +66,9 @@ def sft_data_files():
 
 
 def benchmark_files():
-    return check_data_files([config["benchmarks"][b]["path"] for b in config["evaluate"]["benchmarks"]])
+    from rstar2.data.benchmarks import benchmark_files as files  # BFCL: one question and answer file per category
+
+    return check_data_files([f for b in config["evaluate"]["benchmarks"] for f in files(config["benchmarks"][b])])
 
 
 def heldout_files():

@@ -1,0 +1,188 @@
+"""Answer extraction and the binary answer reward (spec §1.1, §2.7; Math-Verify notes in frameworks.md §6).
+
+The reward is 1.0 when the model's final answer is equivalent to the gold answer, else 0.0. There is no
+format, tool-error or length term. Grading runs in this order, and the first rule that applies decides:
+
+1. The answer comes from the model's **own final turn only** (:mod:`.extraction`): the last box of the last
+   ``<answer>`` block, else of the turn; tool calls and responses removed; never merged; an unfinished last
+   box is no answer.
+2. No answer, or an empty one: 0.
+3. Multiple-choice gold (a letter A–E, ``(B)``, ``\\text{(B)}``): compare the letters (:mod:`.choice`).
+4. Both sides normalise to integers (``$``, ``\\text{}``, spaces, thousands separators in proper groups of
+   three, unicode minus, leading zeros, a trailing ``.0``): compare exactly. ``12,34`` is *not* an integer.
+   For an ``integer`` benchmark the answer must be an integer (:mod:`.integer`): ``x = 25`` counts, an
+   unevaluated expression (``505 * 26``, ``2^{3}``, ``5!``) scores 0.
+5. Both sides are rationals written as numbers (``0.5``, ``1/2``, ``\\frac{1}{2}``, ``1.5e-3``): compared
+   exactly with :class:`fractions.Fraction`, except that two plain decimals (neither side exact) are equal
+   within the relative tolerance :data:`DECIMAL_RTOL` (1e-9).
+6. Both sides parse to exact values or structures (:mod:`.symbolic`): equal only if the difference is
+   exactly 0, element by element for intervals, tuples, sets and matrices; no float tolerance.
+7. Otherwise Math-Verify 0.9.0 ``verify(gold, pred)``, **gold first**. Every exception and Math-Verify's
+   ``TimeoutException`` (a ``BaseException``) gives 0.
+
+An unparseable gold answer (empty, prose such as ``see figure``, or nothing Math-Verify can read) is a data
+error: :func:`grade` raises ``ValueError`` naming it and never rewards 1. Data preparation should reject such
+rows with :func:`gold_is_valid`. Comparisons can take long or hang (``2^{2^{100}}``): run them through
+:mod:`rstar2.grading_pool`, whose workers are killed at a per-item deadline.
+
+Benchmarks that are not answer-graded (IFEval, BFCL) are checked by the field's reference checkers in
+:mod:`.ifeval` and :mod:`.bfcl` (:data:`CHECKERS`), also inside the grading workers.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..data.answers import last_boxed
+from .choice import choice_letter, letters_match
+from .extraction import extract_final_answer, final_turn_text
+from .integer import integer_tail
+from .normalize import as_fraction, as_int, as_letter, clean, is_decimal, light, normalize_answer
+from .symbolic import (DECIMAL_RTOL, PARSE_TIMEOUT_S, VERIFY_TIMEOUT_S, TimeoutException, decimals_close,
+                       exact_decision, math_verify_equal, parse_gold, timeout)
+
+#: How a gold answer is read and compared; benchmarks declare one (rstar2.data.benchmarks).
+#: ``math``: the general rules above (a letter gold is compared as a letter); ``integer``: the gold must be an
+#: integer (else a data error), then the general rules; ``choice``: multiple choice, the gold is one letter and
+#: only the predicted letter counts (GPQA-Diamond), so ``\\boxed{(C) 4.2 eV}`` is graded on its ``C``.
+ANSWER_TYPES = ("math", "integer", "choice")
+#: Benchmarks checked by a reference checker on the whole response instead of an extracted answer.
+CHECKERS = ("ifeval", "bfcl")
+
+__all__ = ["ANSWER_TYPES", "CHECKERS", "DECIMAL_RTOL", "PARSE_TIMEOUT_S", "TimeoutException", "VERIFY_TIMEOUT_S",
+           "check_gold", "extract_final_answer", "final_turn_text", "gold_is_valid", "grade", "grade_choice",
+           "last_boxed", "normalize_answer", "score_trajectory"]
+
+_LATEX_CMD_RE = re.compile(r"\\[A-Za-z]+")
+_TEXT_BLOCK_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
+_PHRASE_RE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}")
+
+
+def _looks_like_prose(gold: str) -> bool:
+    """True when the gold, outside ``\\text{}`` blocks and LaTeX commands, has two words in a row.
+
+    Math-Verify reads ``see figure`` as the product s*e*e*f*i*g*u*r*e, so parsing alone cannot tell.
+    ``\\text{no solution}`` and ``2ab + bc`` are not prose.
+    """
+    bare = _LATEX_CMD_RE.sub(" ", _TEXT_BLOCK_RE.sub(" ", gold))
+    return _PHRASE_RE.search(bare) is not None
+
+
+def _gold_problem(gold, answer_type: str = "math") -> str | None:
+    """Why ``gold`` is unusable as a gold of ``answer_type``, or None when it is fine. Cheap paths first;
+    Math-Verify last."""
+    if answer_type not in ANSWER_TYPES:
+        raise ValueError(f"answer_type must be one of {ANSWER_TYPES}, not {answer_type!r}")
+    if gold is None or not str(gold).strip():
+        return "empty gold answer"
+    g = str(gold).strip()
+    if answer_type == "choice":
+        return None if choice_letter(g) is not None else "a multiple-choice gold must be one letter A-Z"
+    if answer_type == "integer":
+        return None if as_int(g) is not None else "gold of an integer-answer benchmark is not an integer"
+    if as_letter(g) is not None or as_fraction(g) is not None:
+        return None
+    if _looks_like_prose(g):
+        return "gold answer is prose, not a math answer"
+    try:
+        parsed = parse_gold(light(g), timeout(PARSE_TIMEOUT_S))
+    except (Exception, TimeoutException) as e:   # TimeoutException is a BaseException
+        return f"gold answer could not be parsed ({type(e).__name__})"
+    if not parsed:
+        return "Math-Verify parses nothing from the gold answer"
+    return None
+
+
+def gold_is_valid(gold, answer_type: str = "math") -> bool:
+    """True when ``gold`` can be graded against. Data preparation drops rows for which this is False.
+
+    Raises:
+        ValueError: ``answer_type`` is not one of :data:`ANSWER_TYPES`.
+    """
+    return _gold_problem(gold, answer_type) is None
+
+
+def check_gold(gold, answer_type: str = "math") -> None:
+    """Raise ``ValueError`` naming the gold answer when it cannot be graded against (a data error)."""
+    problem = _gold_problem(gold, answer_type)
+    if problem is not None:
+        raise ValueError(f"unparseable gold answer {gold!r}: {problem}")
+
+
+def grade_choice(pred: str | None, gold: str) -> float:
+    """Multiple-choice grading on the letter: 1.0 if ``pred`` names the gold's option letter, else 0.0.
+
+    Raises:
+        ValueError: ``gold`` is not one letter (a data error).
+    """
+    check_gold(gold, "choice")
+    return letters_match(pred, gold)
+
+
+def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
+    """1.0 if ``pred`` (an extracted final answer) is equivalent to ``gold``, else 0.0 (rules 2-7 above).
+
+    Any exception or Math-Verify timeout during the comparison gives 0.0; the reward never defaults to 1.
+    ``answer_type="choice"`` grades on the option letter only (:func:`grade_choice`).
+
+    Raises:
+        ValueError: ``gold`` is empty or unparseable (data error), or not a gold of ``answer_type``; the
+            message names it.
+    """
+    if answer_type == "choice":
+        return grade_choice(pred, gold)
+    check_gold(gold, answer_type)
+    if pred is None:
+        return 0.0
+    try:
+        p = clean(pred)
+        if not p:
+            return 0.0
+        g = clean(str(gold))
+        gl = as_letter(g)
+        if gl is not None:
+            return float(as_letter(p) == gl)
+        if p == g:
+            return 1.0
+        gi, pi = as_int(g), as_int(p)
+        if gi is not None and pi is not None:
+            return float(gi == pi)
+        if answer_type == "integer":
+            decided = integer_tail(p, gi)
+            if decided is not None:
+                return decided
+        gf, pf = as_fraction(g), as_fraction(p)
+        if gf is not None and pf is not None:
+            if is_decimal(g) and is_decimal(p):
+                return float(decimals_close(gf, pf))
+            return float(gf == pf)
+        decided = exact_decision(light(pred), light(str(gold)))
+        if decided is not None:
+            return float(decided)
+        return float(math_verify_equal(light(pred), light(str(gold))))
+    except (Exception, TimeoutException):       # TimeoutException derives from BaseException
+        return 0.0
+
+
+def score_trajectory(final_turn: str, gold: str, *, on_bad_gold: str = "raise",
+                     answer_type: str = "math") -> dict:
+    """Extract the final answer of a trajectory and grade it: ``{"pred": str | None, "reward": float}``.
+
+    Args:
+        final_turn: the model's final assistant turn (a whole transcript also works: everything up to the
+            last tool response is ignored, see :func:`final_turn_text`).
+        gold: the gold answer.
+        on_bad_gold: ``"raise"`` (default) lets :func:`grade`'s ``ValueError`` through; ``"zero"`` returns
+            reward 0.0 with an ``"error"`` entry instead, so an RL step can count bad rows and go on.
+        answer_type: one of :data:`ANSWER_TYPES` (the benchmark's declared type), passed to :func:`grade`.
+    """
+    if on_bad_gold not in ("raise", "zero"):
+        raise ValueError(f"on_bad_gold must be 'raise' or 'zero', not {on_bad_gold!r}")
+    pred = extract_final_answer(final_turn)
+    try:
+        reward = grade(pred, gold, answer_type)
+    except ValueError as e:
+        if on_bad_gold == "raise":
+            raise
+        return {"pred": pred, "reward": 0.0, "error": f"bad_gold: {e}"}
+    return {"pred": pred, "reward": reward}
