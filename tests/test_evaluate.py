@@ -220,3 +220,19 @@ def test_paper_config_evaluates_the_generalisation_suite_by_hub_id():
     assert config["benchmarks"]["gpqa_diamond"]["path"] == "hub:Idavidrein/gpqa"
     assert config["benchmarks"]["gpqa_diamond"]["config"] == "gpqa_diamond"
     assert {config["benchmarks"][b].get("paper") for b in names} >= {"HMMT Feb25", "GPQA-Diamond", "IFEval", "BFCL v3"}
+
+
+def test_a_per_benchmark_limit_overrides_the_global_one(tmp_path, bench_files, scripted):
+    params = stage_params("evaluate", overrides={
+        "benchmarks": bench_files, "evaluate": {"benchmarks": list(bench_files), "limit": 0, "limits": {"ints": 1},
+                                                "k": 3, "max_response_tokens": 64, "max_turns": 2, "batch_size": 6}})
+    evaluate.run(params, "m", "unused", str(tmp_path / "out"))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())["benchmarks"]
+    assert summary["ints"]["n_problems"] == 1 and summary["mc"]["n_problems"] == 1   # mc has one problem anyway
+    from rstar2.workflow_checks import check_config
+    from conftest import workflow_config
+
+    bad = workflow_config({"evaluate": {"limits": {"gsm8k": 10}}})
+    with pytest.raises(ValueError, match="evaluate.limits names 'gsm8k'"):
+        check_config(bad, ["stage1", "stage2", "stage3"], {m: "" for m in ("base", "sft", "rl_stage1", "rl_stage2",
+                                                                           "rl_stage3")})

@@ -58,7 +58,7 @@ def _load_problems(ev: EvaluateParams) -> dict[str, tuple[str, list[dict]]]:
     out = {}
     for bench, spec in ev.benchmarks.items():
         kind = answer_type(spec).name
-        probs = _first_per_group(load_benchmark(bench, spec), ev.limit)
+        probs = _first_per_group(load_benchmark(bench, spec), ev.limits.get(bench, ev.limit))  # overrides
         for p in probs:
             if kind in grading.CHECKERS:
                 try:

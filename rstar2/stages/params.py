@@ -179,9 +179,11 @@ class HardProblemsParams:
 
 @dataclass(frozen=True)
 class EvaluateParams:
-    """``evaluate`` (paper §5.1): k samples per problem of the first ``limit`` problems of each benchmark."""
+    """``evaluate`` (paper §5.1): k samples per problem of the first ``limit`` problems of each benchmark
+    (``limits[bench]`` where given)."""
     benchmarks: dict
     limit: int
+    limits: dict
     k: int
     rollout: RolloutConfig
     seed: int
@@ -310,6 +312,7 @@ def hard_problems(config: dict) -> HardProblemsParams:
 def evaluate(config: dict) -> EvaluateParams:
     ev = config["evaluate"]
     return EvaluateParams(benchmarks={b: config["benchmarks"][b] for b in ev["benchmarks"]}, limit=ev["limit"],
+                          limits={b: n for b, n in ev["limits"].items() if b in ev["benchmarks"]},
                           k=ev["k"], rollout=_rollout(config, ev, ev["temperature"], ev["top_p"], ev["batch_size"]),
                           seed=config["seed"])
 
