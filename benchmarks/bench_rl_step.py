@@ -10,7 +10,7 @@ from per-trajectory counter-based streams, so both paths sample the same tokens 
 rounding can flip a rare token: the script counts identical trajectories and tokens, so "equal work" is checked,
 not assumed).
 
-    python benchmarks/bench_rl_step.py results/sft/model --steps 2 --rounds 2 [--config configs/cpu-learning.yaml]
+    python benchmarks/bench_rl_step.py results/sft/model --steps 2 --rounds 2 [--config config.yaml] [--fp32]
 
 Prints per path: seconds per step (rollout, update = step - rollout), generated and prefilled tokens, tool calls,
 and old / new ratios. Measure on a quiet machine and say which CPU (lscpu).
@@ -46,12 +46,13 @@ json.dump({"prefilled": [e.prefilled_tokens for e in made]}, open(out + "/engine
 """
 
 
-def _params(config: str, steps: int, new: bool, seed: int) -> dict:
+def _params(config: str, steps: int, new: bool, seed: int, fp32: bool) -> dict:
     from rstar2.params import to_dict
     from rstar2.stages import params as P
 
-    cfg = P.validated_config(REPO, (config,), ({"seed": seed, "rollout": {"kv_reuse": new},
-                                                "distributed": {"shared_prefix": new}, "rl": {
+    precision = {"rollout": {"precision": "fp32"}, "distributed": {"bf16": False}} if fp32 else {}
+    cfg = P.validated_config(REPO, (config,), (precision, {"seed": seed, "rollout": {"kv_reuse": new},
+                                                           "distributed": {"shared_prefix": new}, "rl": {
         "checkpoint_every": 0, "heldout": {"benchmark": None},
         "stages": {"stage1": {"steps": steps}}}},))
     return to_dict(P.rl(cfg, "stage1"))
@@ -84,11 +85,13 @@ def summary(run: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="an SFT model folder (e.g. results/sft/model of the learning config)")
-    ap.add_argument("--config", default="configs/cpu-learning.yaml")
+    ap.add_argument("--config", default="configs/cpu-learning.yaml", help="merged over config.yaml")
     ap.add_argument("--data", default="data/learning/train.jsonl")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fp32", action="store_true", help="float32 rollouts and update (else the config's precision): "
+                    "both paths then sample the same tokens wherever the logits agree to float32 rounding")
     a = ap.parse_args()
     data = a.data
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +103,7 @@ def main() -> None:
         for rnd in range(a.rounds):
             for path in (("old", "new") if rnd % 2 == 0 else ("new", "old")):
                 wd = Path(tmp) / f"{path}{rnd}"
-                runs[path].append(run_once(a.model, data, _params(a.config, a.steps, path == "new", a.seed), wd))
+                runs[path].append(run_once(a.model, data, _params(a.config, a.steps, path == "new", a.seed, a.fp32), wd))
                 s = summary(runs[path][-1])
                 print(f"round {rnd} {path}: {s['step_s']:.1f} s/step (rollout {s['rollout_s']:.1f}, update "
                       f"{s['update_s']:.1f}), {s['generated']} generated, {s['prefilled']} prefilled tokens",

@@ -232,7 +232,7 @@ def test_a_per_benchmark_limit_overrides_the_global_one(tmp_path, bench_files, s
     from rstar2.workflow_checks import check_config
     from conftest import workflow_config
 
-    bad = workflow_config({"evaluate": {"limits": {"gsm8k": 10}}})
-    with pytest.raises(ValueError, match="evaluate.limits names 'gsm8k'"):
+    bad = workflow_config({"evaluate": {"limits": {"gsm8k_tset": 10}}})
+    with pytest.raises(ValueError, match="evaluate.limits names benchmark 'gsm8k_tset'"):
         check_config(bad, ["stage1", "stage2", "stage3"], {m: "" for m in ("base", "sft", "rl_stage1", "rl_stage2",
                                                                            "rl_stage3")})
