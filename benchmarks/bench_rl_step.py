@@ -54,7 +54,7 @@ def _params(config: str, steps: int, new: bool, seed: int, fp32: bool) -> dict:
     cfg = P.validated_config(REPO, (config,), (precision, {"seed": seed, "rollout": {"kv_reuse": new},
                                                            "distributed": {"shared_prefix": new}, "rl": {
         "checkpoint_every": 0, "heldout": {"benchmark": None},
-        "stages": {"stage1": {"steps": steps}}}},))
+        "stages": {"stage1": {"steps": steps, "sources": None}}}},))
     return to_dict(P.rl(cfg, "stage1"))
 
 
