@@ -106,8 +106,11 @@ def main() -> None:
                 runs[path].append(run_once(a.model, data, _params(a.config, a.steps, path == "new", a.seed, a.fp32), wd))
                 s = summary(runs[path][-1])
                 print(f"round {rnd} {path}: {s['step_s']:.1f} s/step (rollout {s['rollout_s']:.1f}, update "
-                      f"{s['update_s']:.1f}), {s['generated']} generated, {s['prefilled']} prefilled tokens",
-                      flush=True)
+                      f"{s['update_s']:.1f}), {s['generated']} generated, {s['prefilled']} prefilled tokens; per step "
+                      "(reward, loss, grad norm): " + ", ".join(
+                          f"({m['reward_mean']:.3f}, {m['loss'] if m['loss'] is None else round(m['loss'], 5)}, "
+                          f"{m['grad_norm'] if m['grad_norm'] is None else round(m['grad_norm'], 4)})"
+                          for m in runs[path][-1]["metrics"]), flush=True)
     print("\npath  s/step  rollout s  update s  generated  prefilled  tool calls  reward")
     means = {}
     for path, rs in runs.items():
