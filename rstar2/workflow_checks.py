@@ -26,7 +26,7 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
         The ablation runs ``[(mode, seed), ...]`` (every mode with every seed; empty without an ablation).
     Raises:
         ValueError: RL stages enabled out of order, an evaluated model this run does not train, a benchmark name
-            that is not defined, a stage's source that rl_data does not have, or an ablation with modes but no
+            that is not defined, an enabled stage no rl_data source trains, or an ablation with modes but no
             seeds (or the reverse).
     """
     if rl_stages != ["stage1", "stage2", "stage3"][: len(rl_stages)]:
@@ -50,16 +50,16 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
             if name not in known:
                 raise ValueError(f"config: {key} names benchmark {name!r}, which is not defined under "
                                  f"'benchmarks' (defined: {sorted(known)})")
-    for name in config["evaluate"]["limits"]:  # a limit of a benchmark not evaluated in this run is unused
+    per = config["evaluate"]["limit"] if isinstance(config["evaluate"]["limit"], dict) else {}
+    for name in set(per) - {"default"}:  # a limit of a benchmark not evaluated in this run is unused
         if name not in known:
-            raise ValueError(f"config: evaluate.limits names benchmark {name!r}, which is not defined under "
+            raise ValueError(f"config: evaluate.limit names benchmark {name!r}, which is not defined under "
                              f"'benchmarks' (defined: {sorted(known)})")
-    names = [s.get("name") for s in config["rl_data"]["sources"]]
     for stage in rl_stages:
-        for name in config["rl"]["stages"][stage]["sources"] or []:
-            if name not in names:
-                raise ValueError(f"config: rl.stages.{stage}.sources names {name!r}, which is not a source under "
-                                 f"rl_data.sources (sources: {names})")
+        if not any(stage in s["stages"] for s in config["rl_data"]["sources"]):
+            names = {s.get("name"): s["stages"] for s in config["rl_data"]["sources"]}
+            raise ValueError(f"config: rl stage {stage} is enabled but no rl_data source lists it in its 'stages' "
+                             f"(sources and their stages: {names})")
     ab = config["ablation"]
     if bool(ab["modes"]) != bool(ab["seeds"]):
         raise ValueError(f"config: ablation needs both modes and seeds (got modes {ab['modes']}, seeds {ab['seeds']}); "

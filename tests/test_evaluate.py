@@ -224,7 +224,7 @@ def test_paper_config_evaluates_the_generalisation_suite_by_hub_id():
 
 def test_a_per_benchmark_limit_overrides_the_global_one(tmp_path, bench_files, scripted):
     params = stage_params("evaluate", overrides={
-        "benchmarks": bench_files, "evaluate": {"benchmarks": list(bench_files), "limit": 0, "limits": {"ints": 1},
+        "benchmarks": bench_files, "evaluate": {"benchmarks": list(bench_files), "limit": {"default": 0, "ints": 1},
                                                 "k": 3, "max_response_tokens": 64, "max_turns": 2, "batch_size": 6}})
     evaluate.run(params, "m", "unused", str(tmp_path / "out"))
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())["benchmarks"]
@@ -232,7 +232,18 @@ def test_a_per_benchmark_limit_overrides_the_global_one(tmp_path, bench_files, s
     from rstar2.workflow_checks import check_config
     from conftest import workflow_config
 
-    bad = workflow_config({"evaluate": {"limits": {"gsm8k_tset": 10}}})
-    with pytest.raises(ValueError, match="evaluate.limits names benchmark 'gsm8k_tset'"):
+    bad = workflow_config({"evaluate": {"limit": {"default": 1, "gsm8k_tset": 10}}})
+    with pytest.raises(ValueError, match="evaluate.limit names benchmark 'gsm8k_tset'"):
         check_config(bad, ["stage1", "stage2", "stage3"], {m: "" for m in ("base", "sft", "rl_stage1", "rl_stage2",
                                                                            "rl_stage3")})
+
+
+def test_an_integer_limit_in_a_configfile_replaces_the_default_runs_per_benchmark_limits():
+    """config.yaml evaluates 4 IFEval prompts; a --configfile with ``limit: 0`` (the paper's) must evaluate all."""
+    from conftest import workflow_config
+
+    assert workflow_config({}, files=())["evaluate"]["limit"]["ifeval"] == 4
+    params = stage_params("evaluate", overrides={"evaluate": {"limit": 0}}, files=())
+    assert params["limit"] == 0 and params["limits"] == {}
+    paper = stage_params("evaluate", files=["configs/paper-qwen3-14b.yaml"])
+    assert paper["limits"] == {} and paper["limit"] == 0

@@ -169,7 +169,7 @@ class RLParams:
 @dataclass(frozen=True)
 class HardProblemsParams:
     """``hard_problems`` (paper §4.3): k rollouts per problem with the stage-2 policy; keep those not solved k/k.
-    ``sources``: the rl_data sources stage 3 trains on (``rl.stages.stage3.sources``; None = all)."""
+    ``sources``: the rl_data sources stage 3 trains on (those whose ``stages`` list stage3; None = all)."""
     k: int
     subset_size: int
     sources: list | None
@@ -180,7 +180,7 @@ class HardProblemsParams:
 @dataclass(frozen=True)
 class EvaluateParams:
     """``evaluate`` (paper §5.1): k samples per problem of the first ``limit`` problems of each benchmark
-    (``limits[bench]`` where given)."""
+    (``limits[bench]`` where given: ``evaluate.limit`` as a mapping)."""
     benchmarks: dict
     limit: int
     limits: dict
@@ -267,6 +267,8 @@ def rl_data(config: dict) -> RLDataParams:
     """Only the benchmarks curation decontaminates against: adding an evaluation benchmark must not rerun it."""
     # max_prompt_tokens belongs to the rl_data rule (it needs the base model's tokenizer), not to curation
     rl = {k: v for k, v in config["rl_data"].items() if k != "max_prompt_tokens"}
+    # which stage trains on a source is the RL stages' business: changing the curriculum re-curates nothing
+    rl["sources"] = [{k: v for k, v in s.items() if k != "stages"} for s in rl["sources"]]
     return parse(RLDataParams, {**rl, "benchmarks": {b: config["benchmarks"][b] for b in rl["decontaminate_against"]},
                                 "seed": config["seed"]}, "rl_data")
 
@@ -297,22 +299,31 @@ def rl(config: dict, stage: str, ablation: tuple[str, int] | None = None) -> RLP
                                 rollout=_rollout(config, st, ho["temperature"], ho["top_p"], ho["batch_size"]))
     shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size", "heldout", "mode")}
     return parse(RLParams, {**shared, "name": name, "mode": mode, "steps": steps, "heldout": heldout,
-                            "sources": st["sources"],
+                            "sources": stage_sources(config, stage),
                             "rollout": _rollout(config, st, rl["temperature"], rl["top_p"], rl["batch_size"]),
                             "trainer": _trainer(config), "seed": seed}, f"rl.stages.{stage}")
 
 
+def stage_sources(config: dict, stage: str) -> list[str] | None:
+    """The names of the rl_data sources whose ``stages`` list ``stage`` (paper §5.1's stages on a curriculum);
+    None when every source does (every curated row, whatever its source)."""
+    sources = config["rl_data"]["sources"]
+    names = [s["name"] for s in sources if stage in s["stages"]]
+    return None if len(names) == len(sources) else names
+
+
 def hard_problems(config: dict) -> HardProblemsParams:
     hp, rl = config["hard_problems"], config["rl"]
-    return HardProblemsParams(k=hp["k"], subset_size=hp["subset_size"], sources=rl["stages"]["stage3"]["sources"],
+    return HardProblemsParams(k=hp["k"], subset_size=hp["subset_size"], sources=stage_sources(config, "stage3"),
                               rollout=_rollout(config, hp, rl["temperature"], rl["top_p"], rl["batch_size"]),
                               seed=config["seed"])
 
 
 def evaluate(config: dict) -> EvaluateParams:
     ev = config["evaluate"]
-    return EvaluateParams(benchmarks={b: config["benchmarks"][b] for b in ev["benchmarks"]}, limit=ev["limit"],
-                          limits={b: n for b, n in ev["limits"].items() if b in ev["benchmarks"]},
+    per = ev["limit"] if isinstance(ev["limit"], dict) else {"default": ev["limit"]}
+    return EvaluateParams(benchmarks={b: config["benchmarks"][b] for b in ev["benchmarks"]}, limit=per["default"],
+                          limits={b: n for b, n in per.items() if b in ev["benchmarks"]},
                           k=ev["k"], rollout=_rollout(config, ev, ev["temperature"], ev["top_p"], ev["batch_size"]),
                           seed=config["seed"])
 
