@@ -108,7 +108,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     """
     import torch
 
-    from .. import models
+    from .. import models, precision
     from ..rollout import Progress, run_rollouts
     from .rl import rollout_config
 
@@ -157,4 +157,5 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
               f"over {len(rows)} problems", flush=True)
     write_json(out / "summary.json", summary)
     write_manifest(out, stage=f"evaluate_{model_name}", params=params, inputs=[model_dir],
-                   counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0)
+                   counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0,
+                   extra={"precision": precision.summary(params)})

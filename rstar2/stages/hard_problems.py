@@ -20,7 +20,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
     """
     import torch
 
-    from .. import models
+    from .. import models, precision
     from ..rollout import Progress, run_rollouts
     from .rl import rollout_config
 
@@ -46,4 +46,4 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
     write_jsonl(out / "hard.jsonl", hard)
     write_manifest(out, stage="hard_problems", params=params, inputs=[model_dir, data_path],
                    counts={"mined": len(rows), "hard": len(hard), "solved_k_of_k": len(rows) - len(hard)},
-                   started=t0)
+                   started=t0, extra={"precision": precision.summary(params)})

@@ -70,7 +70,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     from transformers import TrainerCallback
     from trl import SFTTrainer
 
-    from .. import distributed, models
+    from .. import distributed, models, precision
 
     t0 = time.time()
     out = Path(out_dir)
@@ -115,4 +115,5 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
               "trained_tokens": sum(sum(e["assistant_masks"]) for e in examples),
               "optimizer_steps": trainer.state.global_step}
     write_json(out / "dropped.json", dropped)
-    write_manifest(out, stage="sft", params=params, inputs=[model_dir, data_path], counts=counts, started=t0)
+    write_manifest(out, stage="sft", params=params, inputs=[model_dir, data_path], counts=counts, started=t0,
+                   extra={"precision": precision.summary(params)})
