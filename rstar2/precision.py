@@ -82,8 +82,11 @@ def torch_cpu_support() -> tuple[str, str, bool]:
     """(machine, PyTorch's CPU capability, oneDNN bf16 support): what this PyTorch build uses on this CPU."""
     import torch
 
-    return (platform.machine().lower(), torch.backends.cpu.get_cpu_capability(),
-            bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+    try:  # honours ONEDNN_MAX_CPU_ISA; a build without oneDNN has no bf16 fast path at all
+        onednn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        onednn_bf16 = False
+    return platform.machine().lower(), torch.backends.cpu.get_cpu_capability(), onednn_bf16
 
 
 @dataclass(frozen=True)
