@@ -9,6 +9,8 @@ arguments that follow from the ``distributed`` config section.
 
 from __future__ import annotations
 
+from . import precision
+
 DEVICES = ("cpu", "cuda")
 
 
@@ -27,17 +29,19 @@ def process_state(dist: dict | None = None):
 def trainer_kwargs(dist: dict | None) -> dict:
     """transformers ``TrainingArguments`` fields for a stage's ``trainer`` params (the ``distributed`` section).
 
-    dist keys: device ("cpu" | "cuda"), bf16 (bool), gradient_checkpointing (bool); None or {} = the CPU defaults.
+    dist keys: device ("cpu" | "cuda"), bf16 (False | True | "force"), gradient_checkpointing (bool); None or {} =
+    the CPU defaults.
     Raises:
-        ValueError: unknown device.
+        ValueError: unknown device or bf16 setting.
     bf16 on CPU is torch.autocast mixed precision (float32 master weights), about 2x faster training on CPUs
-    with AMX / AVX512-BF16; the default CPU run stays float32 (exact tests).
+    with AMX / AVX512-BF16; ``True`` gives bf16 only where the device has native bf16 and float32 elsewhere, with
+    a one-line notice (``rstar2.precision.training``); the default CPU run stays float32 (exact tests).
     """
     dist = dist or {}
     device = dist.get("device", "cpu")
     if device not in DEVICES:
         raise ValueError(f"distributed.device must be one of {DEVICES}, got {device!r}")
-    bf16 = bool(dist.get("bf16", False))
+    bf16 = precision.training(dist.get("bf16", False), device).bf16
     return {"use_cpu": device == "cpu", "bf16": bf16,
             "gradient_checkpointing": bool(dist.get("gradient_checkpointing", False))}
 

@@ -1,7 +1,23 @@
 import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def copy_workflow(dest: Path) -> Path:
+    """A scratch copy of the workflow in ``dest`` (Snakefile, config, rules, configs, profiles; data and envs
+    linked) for every test that runs Snakemake: a plan made in the repository folder would depend on the
+    user's own ``results/`` (after ``make run`` a finished stage drops out of it; issue 17)."""
+    for name in ("Snakefile", "config.yaml"):
+        shutil.copy2(REPO / name, dest / name)
+    for name in ("workflow", "configs", "profiles"):
+        shutil.copytree(REPO / name, dest / name)
+    (dest / "data").symlink_to(REPO / "data")
+    (dest / "envs").symlink_to(REPO / "envs")
+    return dest
 
 
 @pytest.fixture(scope="session")

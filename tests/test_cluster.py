@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from unittest import mock
 
 import pytest
 import yaml
+from conftest import copy_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -25,9 +27,10 @@ GPU_RULES = {"sft", "rl_stage1", "rl_stage2", "rl_stage3", "hard_problems", "eva
 ALL_RULES = GPU_RULES | {"base_model", "verifier_model", "sft_data", "rl_candidates", "report"}
 
 
-def _dry_run(*args) -> list[dict]:
-    """`snakemake -n -p` parsed into one dict per job: rule, resources (str values), shell command."""
-    r = subprocess.run([*SNAKEMAKE, "-n", "-p", *args], cwd=REPO, env=ENV, capture_output=True, text=True,
+def _dry_run(workdir: Path, *args) -> list[dict]:
+    """`snakemake -n -p` in ``workdir`` (a scratch copy of the workflow: conftest.copy_workflow) parsed into one
+    dict per job: rule, resources (str values), shell command."""
+    r = subprocess.run([*SNAKEMAKE, "-n", "-p", *args], cwd=workdir, env=ENV, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     jobs = []
@@ -47,8 +50,13 @@ def _dry_run(*args) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def slurm_jobs():
-    return _dry_run("--profile", "profiles/slurm", "--configfile", "configs/paper-qwen3-14b.yaml")
+def workdir(tmp_path_factory) -> Path:
+    return copy_workflow(tmp_path_factory.mktemp("wf"))
+
+
+@pytest.fixture(scope="module")
+def slurm_jobs(workdir):
+    return _dry_run(workdir, "--profile", "profiles/slurm", "--configfile", "configs/paper-qwen3-14b.yaml")
 
 
 def test_slurm_dry_run_lists_every_job_with_its_resources(slurm_jobs):
@@ -148,9 +156,11 @@ def test_sft_trainer_arguments_from_the_paper_rule(slurm_jobs, tmp_path):
         sft_config(params, str(tmp_path), num_processes=3)
 
 
-def test_default_run_is_unchanged_single_process_cpu():
+def test_default_run_is_unchanged_single_process_cpu(workdir):
     """config.yaml alone: plain `rstar2` commands and no GPUs asked for."""
-    jobs = _dry_run()
+    jobs = _dry_run(workdir)
+    # label verification is off by default (a 135M model cannot verify): no verifier model to fetch
+    assert {j["rule"] for j in jobs} == ALL_RULES - {"verifier_model"} | {"all"}
     for j in jobs:
         if j["rule"] != "all":
             assert j["resources"].get("gpu") == "0", j
@@ -160,11 +170,35 @@ def test_default_run_is_unchanged_single_process_cpu():
                 assert _params(j)["trainer"]["device"] == "cpu"
 
 
-def test_gpu_node_profile_caps_gpus():
-    jobs = _dry_run("--profile", "profiles/gpu-node", "--configfile", "configs/paper-qwen3-14b.yaml")
+def test_gpu_node_profile_caps_gpus(workdir):
+    jobs = _dry_run(workdir, "--profile", "profiles/gpu-node", "--configfile", "configs/paper-qwen3-14b.yaml")
     assert {j["rule"] for j in jobs} == ALL_RULES | {"all"}
     prof = yaml.safe_load((REPO / "profiles" / "gpu-node" / "config.yaml").read_text())
     assert prof["resources"] == ["gpu=8"]
+
+
+def test_dry_runs_ignore_a_finished_stage_in_the_repository(workdir, tmp_path):
+    """`make run` then `make test` (issue 17): the tests plan in scratch copies, so a finished stage in the
+    repository's own results/ changes no test's plan. A finished rl_candidates stage is planted in the
+    repository (only where it has none: nothing of a real run is touched) and removed afterwards; a copy with
+    the same stage finished shows that the planted manifest does make Snakemake skip the job."""
+    stage = REPO / "results" / "rl_candidates"
+    outputs = [stage / n for n in ("train.jsonl", "funnel.json", "manifest.json")]   # the rule's declared outputs
+    made = [p for p in (REPO / "results", stage, *outputs) if not p.exists()]
+    stage.mkdir(parents=True, exist_ok=True)
+    for p in outputs:
+        if p in made:
+            p.write_text('{"planted_by": "tests/test_cluster.py"}\n')
+    try:
+        args = ("--profile", "profiles/slurm", "--configfile", "configs/paper-qwen3-14b.yaml")
+        assert "rl_candidates" in {j["rule"] for j in _dry_run(workdir, *args)}
+        assert "rl_candidates" in {j["rule"] for j in _dry_run(workdir)}
+        finished = copy_workflow(tmp_path)
+        shutil.copytree(stage, finished / "results" / "rl_candidates")
+        assert "rl_candidates" not in {j["rule"] for j in _dry_run(finished, *args)}
+    finally:
+        for p in reversed(made):   # only what this test made; a real run's files stay
+            p.unlink() if p.is_file() else p.rmdir()
 
 
 # ---- accelerate configs, read by accelerate's own loader and launch code ----------------------------------

@@ -117,10 +117,10 @@ def test_bf16_decoding_uses_a_bfloat16_copy_of_the_current_weights():
         return original(*a, **kw)
     calls = []
     model.forward = patched
-    twin = inference_copy(model, "bf16")
+    twin = inference_copy(model, "force-bf16")
     twin(input_ids=torch.tensor([[1, 2, 3]]))
     assert calls == [] and "forward" not in vars(twin), "the copy decoded through the original float32 model"
-    copy = inference_copy(model, "bf16")
+    copy = inference_copy(model, "force-bf16")
     assert copy is not model and copy.dtype == torch.bfloat16 and model.dtype == torch.float32
     w = model.model.layers[0].mlp.up_proj.weight
     torch.testing.assert_close(copy.model.layers[0].mlp.up_proj.weight, w.detach().to(torch.bfloat16))

@@ -7,6 +7,9 @@ expression and a two-step one) that every step rolls out again: the per-step rew
 same problems throughout instead of which problems a step happened to draw. Step 1's rollouts come from the SFT
 policy before any update, so its reward is the baseline; the mean reward of the last steps must exceed it by a
 margin. With the advantage sign flipped (or nothing in the loss mask) the reward falls (or stays) instead.
+
+Precision as the learning config sets it (``bf16: true``, ``rollout.precision: bf16``): bf16 where the CPU has
+native bf16, float32 elsewhere (rstar2.precision; issue 17).
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ def test_short_rl_run_raises_the_reward(tmp_path):
     learning = ("configs/cpu-learning.yaml",)
     base_model.run(stage_params("base_model", files=learning), str(tmp_path / "base"))
     sft_data.run(stage_params("sft_data", files=learning), str(tmp_path / "sft_data"))
+    # grad_accum 2 (4 rows per forward): where the CPU has no native bf16 this runs float32 (rstar2.precision),
+    # which peaked above 13 GB with all 8 rows at once and at 9.1 GB with 4 (issue 17, measured)
     sft.run(stage_params("sft", files=learning, overrides={"sft": {"epochs": 1, "learning_rate": 1e-4, "batch_size": 8,
-                                                                   "warmup_ratio": 0.1}}),
+                                                                   "grad_accum": 2, "warmup_ratio": 0.1}}),
             str(tmp_path / "base" / "model"), str(tmp_path / "sft_data" / "train.jsonl"), str(tmp_path / "sft"))
 
     rows = [json.loads(line) for line in open(REPO / "data/learning/train.jsonl")]

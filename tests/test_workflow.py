@@ -13,23 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import kill_group_when
+from conftest import copy_workflow, kill_group_when
 
-REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 TINY = "configs/tiny.yaml"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "PYTHONUNBUFFERED": "1"}
-
-
-def _copy_workflow(dest: Path) -> Path:
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy2(REPO / name, dest / name)
-    for name in ("workflow", "configs"):
-        shutil.copytree(REPO / name, dest / name)
-    (dest / "data").symlink_to(REPO / "data")
-    (dest / "envs").symlink_to(REPO / "envs")
-    return dest
 
 
 def smk(workdir: Path, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -64,7 +53,7 @@ def planned_eval_models(workdir: Path, *args: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    return _copy_workflow(tmp_path_factory.mktemp("wf"))
+    return copy_workflow(tmp_path_factory.mktemp("wf"))
 
 
 def test_lint(workdir):
@@ -254,7 +243,7 @@ def test_package_import_never_imports_vllm():
 
 def test_custom_dataset_through_config_alone(tmp_path):
     """The README's example: a CSV with other column names becomes the RL set by editing config only."""
-    wd = _copy_workflow(tmp_path)
+    wd = copy_workflow(tmp_path)
     smk(wd, "--cores", "1", "results/rl_data/manifest.json", "--configfile", "configs/custom_data.example.yaml")
     rows = [json.loads(line) for line in (wd / "results/rl_data/train.jsonl").read_text().splitlines()]
     assert {r["source"] for r in rows} == {"my_problems"} and len(rows) == 5
@@ -277,7 +266,7 @@ def test_custom_dataset_through_config_alone(tmp_path):
 def test_missing_data_file_fails_at_parse_time_even_with_old_outputs(tmp_path):
     """A mistyped dataset path must fail loudly, not let finished outputs built from the old file stand (trial
     finding: rl_candidates was not scheduled and rl_data reused the previous candidates)."""
-    wd = _copy_workflow(tmp_path)
+    wd = copy_workflow(tmp_path)
     smk(wd, "--cores", "1", "results/rl_candidates/manifest.json", "--configfile", "configs/custom_data.example.yaml")
     typo = tmp_path / "typo.yaml"
     typo.write_text((wd / "configs/custom_data.example.yaml").read_text()

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Protocol
 
 from .. import chat, grading_pool, sandbox
+from .. import precision as precision_lib
 
 
 @dataclass
@@ -54,9 +55,10 @@ class RolloutConfig:
     kv_cache_tokens: KV capacity per engine used for admission; None = ask the engine (None there too =
         no KV limit, admission then only caps in-flight trajectories at ``max_inflight_per_engine``).
     max_calls_per_turn: calls executed per turn (released code: 1); further calls are reported as dropped.
-    precision: "fp32" | "bf16" for the "hf" engine (bf16 = generate under torch.autocast; weights unchanged).
     kv_reuse: "hf" engine: keep each trajectory's KV cache across its turns and prefill a group's equal prompts
         once (False: re-prefill the whole context every turn).
+    precision: "fp32" | "bf16" | "force-bf16" for the "hf" engine (bf16 = a bfloat16 copy of the policy, generated
+        under torch.autocast; "bf16" only where the device has native bf16, else float32: rstar2.precision).
     tool: the code tool (``ToolConfig``).
     """
     max_response_tokens: int = 512
@@ -84,8 +86,9 @@ class RolloutConfig:
         if self.engine == "server" and not self.server_urls:
             raise ValueError("rollout.engine 'server' needs rollout.server_urls")
         self.server_urls = tuple(self.server_urls)
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"rollout.precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.precision not in precision_lib.ROLLOUT_SETTINGS:
+            raise ValueError(f"rollout.precision must be one of {list(precision_lib.ROLLOUT_SETTINGS)}, "
+                             f"got {self.precision!r}")
         if self.scheduler not in ("balanced", "static"):
             raise ValueError(f"rollout.scheduler must be 'balanced' or 'static', got {self.scheduler!r}")
         for name in ("max_response_tokens", "max_turns", "batch_size", "num_engines", "max_calls_per_turn",

@@ -123,9 +123,9 @@ class BatchingEngine:
 
 
 def inference_copy(model, precision: str):
-    """The model the "hf" engine decodes with: for ``precision="bf16"`` on a CPU, a bfloat16 copy of a float32
-    ``model`` (made now, so it holds the current weights; the trainer's float32 weights are untouched); else
-    ``model`` itself.
+    """The model the "hf" engine decodes with: where ``precision`` ("fp32" | "bf16" | "force-bf16") gives bf16 on
+    a CPU (``rstar2.precision.rollout``: "bf16" only with native bf16), a bfloat16 copy of a float32 ``model``
+    (made now, so it holds the current weights; the trainer's float32 weights are untouched); else ``model`` itself.
 
     Under ``torch.autocast`` every decode step casts each float32 weight to bfloat16 again: for a small model at a
     small batch that cast, not the arithmetic, sets the step time (SmolLM2-135M, batch 8, 2 cores: about half
@@ -136,8 +136,10 @@ def inference_copy(model, precision: str):
     import torch
     from transformers import PreTrainedModel
 
-    if precision != "bf16" or not isinstance(model, PreTrainedModel) or model.device.type != "cpu" or \
-            model.dtype != torch.float32:
+    from .. import precision as precision_lib
+
+    if not isinstance(model, PreTrainedModel) or model.device.type != "cpu" or model.dtype != torch.float32 or \
+            not precision_lib.rollout(precision, "cpu").bf16:
         return model
     twin = copy.deepcopy(model).to(torch.bfloat16).eval()
     # A trainer may patch a module's forward on the instance (TRL's fused log-prob forward keeps the original
@@ -163,8 +165,9 @@ class HFEngine(BatchingEngine):
         model: a causal LM (or anything with ``generate(input_ids, attention_mask, max_new_tokens, ...)``).
         tok: its tokenizer; ``eos_token_id`` ends a turn, ``pad_token_id`` pads.
         temperature, top_p: sampling (temperature 0 = greedy).
-        precision: "fp32", or "bf16" to generate under ``torch.autocast`` in bfloat16 (about 1.5x faster on CPUs
-            with AMX / AVX512-BF16; ``default_engines`` also hands it a bfloat16 copy, ``inference_copy``).
+        precision: "fp32"; "bf16" to generate under ``torch.autocast`` in bfloat16 where the device has native
+            bf16 (about 1.5x faster on CPUs with AMX / AVX512-BF16; float32 elsewhere, ``rstar2.precision``);
+            "force-bf16" everywhere. ``default_engines`` also hands it a bfloat16 copy (``inference_copy``).
         seed: the sampling streams' seed; None = drawn from torch's global RNG when the engine is made (so a seeded
             stage gives the same streams every run, and each rollout phase new ones).
         kv_reuse: keep each trajectory's KV cache across turns (memory: its context's keys and values, until
@@ -205,13 +208,15 @@ class HFEngine(BatchingEngine):
         import torch
         from transformers import PreTrainedModel
 
+        from .. import precision as precision_lib
         from .hf_cache import decode_cached
         from .hf_decode import decode_shrinking
 
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
         device = getattr(self.model, "device", torch.device("cpu"))
         limits, streams = [r.max_new_tokens for r in requests], (self.seed, [r.key for r in requests])
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+        bf16 = precision_lib.rollout(self.precision, device.type).bf16
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             if not isinstance(self.model, PreTrainedModel):
                 new = self._generate_padded(requests, pad)
             elif self.kv_reuse:

@@ -156,7 +156,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
 
     import torch
 
-    from .. import grading, models
+    from .. import grading, models, precision
     from ..rollout import Progress, grade_all, run_rollouts
 
     t0 = time.time()
@@ -219,4 +219,5 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
               f"{avg if avg is None else round(avg, 3)} over {len(rows)} problems", flush=True)
     write_json(out / "summary.json", summary)
     write_manifest(out, stage=f"evaluate_{model_name}", params=to_dict(ev), inputs=[model_dir],
-                   counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0)
+                   counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0,
+                   extra={"precision": precision.summary(to_dict(ev))})

@@ -23,7 +23,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
     """
     import torch
 
-    from .. import models
+    from .. import models, precision
     from ..rollout import Progress, sample_groups
 
     t0 = time.time()
@@ -45,4 +45,4 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
     write_jsonl(out / "hard.jsonl", hard)
     write_manifest(out, stage="hard_problems", params=to_dict(p), inputs=[model_dir, data_path],
                    counts={"mined": len(rows), "hard": len(hard), "solved_k_of_k": len(rows) - len(hard)},
-                   started=t0)
+                   started=t0, extra={"precision": precision.summary(to_dict(p))})

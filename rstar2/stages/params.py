@@ -54,7 +54,7 @@ class VLLMParams:
 class TrainerParams:
     """The training settings of ``distributed`` that can change results (``rstar2.distributed``)."""
     device: str
-    bf16: bool
+    bf16: bool | str      # false | true (bf16 where native) | "force" (rstar2.precision)
     gradient_checkpointing: bool
     shared_prefix: bool
     vllm: VLLMParams

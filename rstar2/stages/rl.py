@@ -111,7 +111,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     """
     from datasets import Dataset
 
-    from .. import distributed, models
+    from .. import distributed, models, precision
     from ..rl import checkpoints
     from ..rl.trainer import (PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, read_state,
                               rollout_reward)
@@ -189,7 +189,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
                            "train_problems": len(rows), "resumed_from_step": resume_step,
                            "shared_prefix_forwards": getattr(trainer.model, "shared_prefix_calls", 0),
                            "rollouts": sum(1 for _ in open(out / "rollouts.jsonl")) if (out / "rollouts.jsonl").exists() else 0},
-                   started=t0)
+                   started=t0, extra={"precision": precision.summary(to_dict(p))})
     shutil.rmtree(ckpt_root, ignore_errors=True)  # after the manifest: a finished stage needs no checkpoints
     with contextlib.suppress(OSError):  # results/rl/checkpoints itself, once no stage has any left
         ckpt_root.parent.rmdir()

@@ -81,7 +81,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     from transformers import TrainerCallback
     from trl import SFTTrainer
 
-    from .. import distributed, models
+    from .. import distributed, models, precision
 
     t0 = time.time()
     p = parse(SFTParams, params, "sft params")
@@ -132,4 +132,5 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
               "optimizer_steps": trainer.state.global_step,
               "shared_prefix_forwards": getattr(trainer.model, "shared_prefix_calls", 0)}
     write_json(out / "dropped.json", dropped)
-    write_manifest(out, stage="sft", params=to_dict(p), inputs=[model_dir, data_path], counts=counts, started=t0)
+    write_manifest(out, stage="sft", params=to_dict(p), inputs=[model_dir, data_path], counts=counts, started=t0,
+                   extra={"precision": precision.summary(to_dict(p))})
