@@ -43,6 +43,7 @@ def test_short_rl_run_raises_the_reward(tmp_path):
     params = {"name": "rl_stage1", "mode": "grpo_roc", "steps": STEPS, "prompts_per_step": 2, "group_size": 4,
               "oversample": 2, "learning_rate": 5e-5, "warmup_steps": 0, "clip_low": 0.2, "clip_high": 0.28,
               "checkpoint_every": 0, "seed": 0, "heldout": None, "trainer": {"bf16": True},
+              "micro_batch_tokens": 4096, "continue_optimizer": False, "save_optimizer": False,
               "rollout": {"max_response_tokens": 160, "max_turns": 2, "temperature": 0.8, "top_p": 1.0,
                           "batch_size": 16, "precision": "bf16"}}
     rl.run(params, str(tmp_path / "sft" / "model"), str(data), str(tmp_path / "rl"))

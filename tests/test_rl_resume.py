@@ -57,6 +57,7 @@ def setup(tmp_path_factory):
     params = {"name": "rl_stage1", "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2,
               "oversample": 2, "prompts_per_step": 1, "learning_rate": 1e-2, "warmup_steps": 2, "clip_low": 0.2,
               "clip_high": 0.28, "checkpoint_every": 1, "steps": STEPS, "seed": 1, "tool": {"timeout_s": 3},
+              "micro_batch_tokens": 4096, "continue_optimizer": False, "save_optimizer": False,
               "rollout": {"max_response_tokens": 16, "max_turns": 1, "temperature": 1.0, "top_p": 1.0,
                           "batch_size": 4}}
     return root, params

@@ -77,30 +77,36 @@ def _heldout_callbacks(params: dict, problems: list[dict] | None, seed: int, out
                                   params["steps"], is_main)]
 
 
-def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
+def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_from: str | None = None) -> None:
     """Train one RL stage with TRL's GRPOTrainer and our rollout layer, resuming from its last checkpoint.
 
     Args:
         params: the stage's resolved config: steps, prompts_per_step, group_size, oversample, mode,
             positive_selection, error_penalty, format_penalty, penalty_eps, checkpoint_every, learning_rate,
-            warmup_steps, clip_low, clip_high, rollout{...}, tool{...}, seed; optional ``heldout``
-            {benchmark, spec, every, limit, k, temperature, top_p} evaluates the policy on a held-out benchmark
-            at step 0 and every ``every`` steps (``rstar2.rl.heldout``: ``heldout.jsonl``).
+            warmup_steps, clip_low, clip_high, micro_batch_tokens (padded tokens per forward/backward
+            micro-batch and process), continue_optimizer (start from ``optimizer_from``'s AdamW state and LR
+            schedule), save_optimizer (leave this stage's in ``out_dir/optimizer`` for the next stage),
+            rollout{...}, tool{...}, seed; optional ``heldout`` {benchmark, spec, every, limit, k, temperature,
+            top_p} evaluates the policy on a held-out benchmark at step 0 and every ``every`` steps
+            (``rstar2.rl.heldout``: ``heldout.jsonl``).
         model_dir: folder of the starting model (previous stage's ``model/``).
         data_path: JSON Lines with ``id``, ``problem``, ``answer`` (rl_data's train.jsonl or hard_problems' hard.jsonl).
         out_dir: ``results/rl/stageN``; writes ``model/``, ``metrics.jsonl``, ``rollouts.jsonl``,
-            ``tensorboard/``, then ``manifest.json``. Checkpoints go to ``results/rl/checkpoints/stageN``
-            (``rstar2.rl.checkpoints``): a killed stage resumes from the last one, with optimizer, LR schedule,
-            RNG, data position, step counter and logs as they were at that step.
+            ``tensorboard/``, ``optimizer/`` (with save_optimizer), then ``manifest.json``. Checkpoints go to
+            ``results/rl/checkpoints/stageN`` (``rstar2.rl.checkpoints``): a killed stage resumes from the last
+            one, with optimizer, LR schedule, RNG, data position, step counter and logs as they were at that step.
+        optimizer_from: the previous stage's ``optimizer/`` folder; required with continue_optimizer (paper
+            §4.3: stage 2 continues stage 1's optimizer; stage 3 resets it).
     Raises:
-        ValueError: the training set is empty (e.g. hard-problem mining kept nothing).
+        ValueError: the training set is empty (e.g. hard-problem mining kept nothing), or continue_optimizer
+            without optimizer_from.
+        FileNotFoundError: optimizer_from holds no complete optimizer state.
     """
     from datasets import Dataset
 
     from .. import distributed, models
     from ..rl import checkpoints
-    from ..rl.trainer import (PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, read_state,
-                              rollout_reward)
+    from ..rl.trainer import PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, rollout_reward
 
     t0 = time.time()
     out = Path(out_dir)
@@ -118,12 +124,16 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
         from ..rl.heldout import check_disjoint
 
         check_disjoint(heldout, rows, params["heldout"]["benchmark"], f"the training data {data_path}")
+    if params["continue_optimizer"] and not optimizer_from:
+        raise ValueError("continue_optimizer is set but no optimizer folder of the previous stage was given "
+                         "(rstar2 rl --optimizer-from results/rl/stageN/optimizer)")
+    carried = checkpoints.read_carried(optimizer_from) if params["continue_optimizer"] else None
     ckpt_root = checkpoints.checkpoint_root(out)
     # held-out settings are measurement, not training: changing them resumes from the checkpoints
-    fp = checkpoints.fingerprint({k: v for k, v in params.items() if k != "heldout"}, model_dir, data_path)
+    fp = checkpoints.fingerprint({k: v for k, v in params.items() if k != "heldout"}, model_dir, data_path, carried)
     with ps.main_process_first():  # the main process clears a stale folder; the others then find it ready
         resume = checkpoints.prepare(ckpt_root, fp)
-    resume_step = read_state(resume)["step"] if resume else 0
+    resume_step = checkpoints.read_state(resume)["step"] if resume else 0
     if ps.is_main_process:
         for log in ("metrics.jsonl", "rollouts.jsonl", "heldout.jsonl", "heldout_problems.jsonl"):
             if resume:  # keep exactly the steps the checkpoint contains
@@ -149,16 +159,20 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
                              params.get("positive_selection", "inverse_prob"), seed, str(out), penalty)
     rollout_fn.set_process(ps.process_index, ps.num_processes)
     if resume:
-        rollout_fn.load_state_dict(read_state(resume))
+        rollout_fn.load_state_dict(checkpoints.read_state(resume))
         print(f"[rl] resuming {params.get('name', 'rl')} from {resume} (step {resume_step})", flush=True)
     callback = make_metrics_callback(rollout_fn, str(out / "metrics.jsonl"), str(out / "tensorboard"))
     if resume and ps.is_main_process:
         callback.replay(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else [])
     callbacks = [callback] + _heldout_callbacks(params, heldout, seed, out, ps.is_main_process)
     trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
-                                   processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks)
+                                   processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks,
+                                   micro_batch_tokens=params["micro_batch_tokens"],
+                                   optimizer_from=str(optimizer_from) if carried else None)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     trainer.save_model(str(out / "model"))  # every process: gathers ZeRO-3 / FSDP shards; the main one writes
+    if params["save_optimizer"]:  # before the manifest: a stage without one is not finished
+        checkpoints.save_optimizer(trainer, out / "optimizer", {"stage": params.get("name", "rl"), "fingerprint": fp})
     ps.wait_for_everyone()
     if not ps.is_main_process:
         return
@@ -169,7 +183,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
                    counts={"steps": len(metrics), "updates_skipped": sum(bool(m.get("update_skipped")) for m in metrics),
                            "train_problems": len(rows), "resumed_from_step": resume_step,
                            "rollouts": sum(1 for _ in open(out / "rollouts.jsonl")) if (out / "rollouts.jsonl").exists() else 0},
-                   started=t0)
+                   started=t0, extra={"optimizer_continued_from": carried})
     shutil.rmtree(ckpt_root, ignore_errors=True)  # after the manifest: a finished stage needs no checkpoints
     with contextlib.suppress(OSError):  # results/rl/checkpoints itself, once no stage has any left
         ckpt_root.parent.rmdir()

@@ -196,19 +196,30 @@ def _rollout(section, temperature, top_p, batch_size):
             "temperature": temperature, "top_p": top_p, "batch_size": batch_size, **config.get("rollout", {})}
 
 
+def continues_optimizer(stage):
+    """Whether an RL stage starts from the previous stage's optimizer state (rl.stages.stageN.continue_optimizer;
+    stage 1 has no previous stage)."""
+    return stage != "stage1" and stage in RL_STAGES and config["rl"]["stages"][stage]["continue_optimizer"]
+
+
 def rl_params(stage, ablation=None):
     """One RL stage's params; `ablation` = (mode, seed) gives an ablation run of stage 1: that mode and seed,
     and the ablation's own steps and held-out settings where set."""
     rl, ab = config["rl"], config["ablation"]
     st = rl["stages"][stage]
-    shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size", "heldout")}
+    shared = {k: v for k, v in rl.items()
+              if k not in ("stages", "temperature", "top_p", "batch_size", "heldout", "micro_batch_tokens")}
+    following = {"stage1": "stage2", "stage2": "stage3"}.get(stage)
+    optimizer = {"continue_optimizer": bool(not ablation and continues_optimizer(stage)),
+                 "save_optimizer": bool(not ablation and following and continues_optimizer(following)),
+                 "micro_batch_tokens": rl["micro_batch_tokens"][config["distributed"]["device"]]}
     ho = dict(rl["heldout"])
     mode, seed, steps = rl["mode"], config["seed"], st["steps"]
     if ablation:
         mode, seed, steps = ablation[0], int(ablation[1]), ab["steps"] or steps
         ho.update({k: ab[f"heldout_{k}"] for k in ("every", "limit") if ab[f"heldout_{k}"] is not None})
     heldout = {**ho, "spec": config["benchmarks"][ho["benchmark"]]} if ho["benchmark"] else None
-    return as_json({**shared, "mode": mode, "name": f"rl_{stage}", "steps": steps,
+    return as_json({**shared, **optimizer, "mode": mode, "name": f"rl_{stage}", "steps": steps,
                     **_tools(), **_trainer(), "heldout": heldout,
                     "rollout": _rollout(st, rl["temperature"], rl["top_p"], rl["batch_size"]),
                     "seed": seed})

@@ -3,6 +3,14 @@
 # which is deliberately not a declared output (Snakemake deletes declared outputs before rerunning a rule, so
 # the checkpoints would be lost). A killed stage resumes from its last checkpoint when the same inputs and
 # params come back; the stage deletes its checkpoints after writing its manifest (rstar2/rl/checkpoints.py).
+# Optimizer across stages (paper §4.3): a stage with continue_optimizer starts from the AdamW state and LR
+# schedule the previous stage left in results/rl/stageN/optimizer (written before its manifest, so the manifest
+# input covers it); stage 2 continues by default, stage 3 starts fresh.
+
+
+def optimizer_from_arg(stage):
+    previous = {"stage2": "stage1", "stage3": "stage2"}[stage]
+    return f" --optimizer-from results/rl/{previous}/optimizer" if continues_optimizer(stage) else ""
 
 
 rule rl_stage1:
@@ -50,7 +58,7 @@ if "stage2" in RL_STAGES:
             **job_resources("rl"),
         shell:
             launch("rl") + " rl --params {params.p:q} --model results/rl/stage1/model"
-            " --data results/rl_data/train.jsonl --out results/rl/stage2 2>&1 | tee {log}"
+            + optimizer_from_arg("stage2") + " --data results/rl_data/train.jsonl --out results/rl/stage2 2>&1 | tee {log}"
 
 
 if "stage3" in RL_STAGES:
@@ -75,7 +83,7 @@ if "stage3" in RL_STAGES:
             **job_resources("rl"),
         shell:
             launch("rl") + " rl --params {params.p:q} --model results/rl/stage2/model"
-            " --data results/hard_problems/hard.jsonl --out results/rl/stage3 2>&1 | tee {log}"
+            + optimizer_from_arg("stage3") + " --data results/hard_problems/hard.jsonl --out results/rl/stage3 2>&1 | tee {log}"
 
 
 # The GRPO / GRPO-RoC ablation (paper §5.3, Fig. 4 and 9): stage 1 again from the same SFT model for every
