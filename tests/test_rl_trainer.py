@@ -256,6 +256,7 @@ def test_step_without_groups_skips_the_update(qwen_tokenizer, tmp_path):
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["update_skipped"] and rows[0]["loss"] is None and rows[0]["grad_norm"] is None
+    assert [r["micro_batches"] for r in rows] == [0, 1]   # no forward pass at all on the skipped step
     assert not rows[1]["update_skipped"] and rows[1]["loss"] is not None
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
 

@@ -34,7 +34,9 @@ CUDA_CONTEXT_BYTES = 1.0e9    # CUDA context and cuBLAS/NCCL workspaces of one t
 # Prompt allowance per rollout (chat template + tool schema + problem), over the 30,407 bundled RL candidates with
 # the Qwen3 tokenizer: median 408, p99 702, max 3,641 tokens (measured for issue 20).
 PROMPT_TOKENS = 1024
-LOGIT_TILE = 4096 * 32768     # trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE x trl _CHUNKED_LOGPROB_CHUNK_SIZE
+# TRL 1.16's fused LM head allocates one (tokens, vocab) tile buffer of at most TOKEN_CHUNK_SIZE x
+# _CHUNKED_LOGPROB_CHUNK_SIZE (trl/kernels/chunked_logprob.py, trl/trainer/utils.py)
+TILE_TOKENS, TILE_VOCAB = 4096, 32768
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ def lm_head_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, sharded: boo
     """TRL's fused LM head in backward: one logit tile, float32 gradients of the head (vocab x hidden) and of the
     hidden states (tokens x hidden), and the gathered head in the compute dtype when the weights are sharded."""
     head = shape.vocab_size * shape.hidden_size
-    return float(LOGIT_TILE * dtype_bytes + head * 4 + tokens * shape.hidden_size * 4
+    return float(min(tokens, TILE_TOKENS) * TILE_VOCAB * dtype_bytes + head * 4 + tokens * shape.hidden_size * 4
                  + (head * dtype_bytes if sharded else 0))
 
 

@@ -60,7 +60,8 @@ def step_metrics(results: list) -> dict:
     tool_calls_per_traj, tool_error_ratio, tool_error_ratio_pos, format_penalty_mean, truncation_ratio,
     all_correct_frac, all_wrong_frac, kept_pos, kept_neg. Added: tool_error_ratio_pos_kept, groups,
     groups_all_correct, groups_all_wrong, groups_dropped, kept_total, tool_error_penalty_mean,
-    penalty_pos_mean, penalty_pos_kept_mean, loss_tokens. Ratios with an empty denominator are None.
+    penalty_pos_mean, penalty_pos_kept_mean, loss_tokens. Ratios with an empty denominator are None. The trainer
+    adds micro_batches (forward/backward passes of the step, the same on every process; 0 = update skipped).
     """
     results = [r if isinstance(r, GroupStats) else GroupStats.of(r) for r in results]
     flat = [t for r in results for t in r.trajs]
