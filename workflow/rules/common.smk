@@ -225,6 +225,30 @@ def rl_params(stage, ablation=None):
                     "seed": seed})
 
 
+def _rl_memory_plan():
+    """The memory plan of each RL stage on its GPUs (rstar2/rl/memory_plan.py), printed at parse time so that
+    `snakemake -n` shows it; a config that cannot fit stops here, before any job is queued."""
+    from rstar2.rl import memory_plan
+
+    res = job_resources("rl")
+    gpus = res.get("gpu", 0) * res.get("nodes", 1)
+    plans, notice = memory_plan.workflow_plans(config, RL_STAGES, gpus, memory_plan.accelerate_config(launch("rl")),
+                                               "results/base_model")
+    if notice:
+        print(notice, file=sys.stderr)
+    for plan in plans:
+        print("memory plan " + "\n".join(plan.lines), file=sys.stderr)
+    errors = [f"{plan.stage}: {e}" for plan in plans for e in plan.errors]
+    if errors:
+        raise ValueError("config: the RL memory plan does not fit (rstar2/rl/memory_plan.py):\n  " + "\n  ".join(errors))
+
+
+def optimizer_from_arg(stage):
+    """` --optimizer-from <previous stage>/optimizer` for a stage that continues its optimizer (paper §4.3)."""
+    previous = {"stage2": "stage1", "stage3": "stage2"}[stage]
+    return f" --optimizer-from results/rl/{previous}/optimizer" if continues_optimizer(stage) else ""
+
+
 def heldout_files():
     b = config["rl"]["heldout"]["benchmark"]
     return _local([config["benchmarks"][b]["path"]]) if b else []
@@ -283,3 +307,6 @@ def all_manifests():
     verifier = ["verifier_model"] if _verifier_dir() == "results/verifier_model" else []
     ablation = [f"{d}/manifest.json" for d in ablation_runs().values()]
     return [f"results/{s}/manifest.json" for s in stages + verifier + evals] + ablation
+
+
+_rl_memory_plan()

@@ -6,32 +6,6 @@
 # Optimizer across stages (paper §4.3): a stage with continue_optimizer starts from the AdamW state and LR
 # schedule the previous stage left in results/rl/stageN/optimizer (written before its manifest, so the manifest
 # input covers it); stage 2 continues by default, stage 3 starts fresh.
-# The memory plan of each RL stage on its GPUs (rstar2/rl/memory_plan.py) is printed at parse time, so
-# `snakemake -n` shows it; a config that cannot fit stops here, before any job is queued.
-
-
-def _rl_memory_plan():
-    from rstar2.rl import memory_plan
-
-    res = job_resources("rl")
-    gpus = res.get("gpu", 0) * res.get("nodes", 1)
-    plans, notice = memory_plan.workflow_plans(config, RL_STAGES, gpus, memory_plan.accelerate_config(launch("rl")),
-                                               "results/base_model")
-    if notice:
-        print(notice, file=sys.stderr)
-    for plan in plans:
-        print("memory plan " + "\n".join(plan.lines), file=sys.stderr)
-    errors = [f"{plan.stage}: {e}" for plan in plans for e in plan.errors]
-    if errors:
-        raise ValueError("config: the RL memory plan does not fit (rstar2/rl/memory_plan.py):\n  " + "\n  ".join(errors))
-
-
-_rl_memory_plan()
-
-
-def optimizer_from_arg(stage):
-    previous = {"stage2": "stage1", "stage3": "stage2"}[stage]
-    return f" --optimizer-from results/rl/{previous}/optimizer" if continues_optimizer(stage) else ""
 
 
 rule rl_stage1:
