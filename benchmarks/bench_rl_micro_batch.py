@@ -6,10 +6,11 @@ trains a tiny random Qwen3 on 1,024 such rows (short ones: 16 prompt + 48 respon
 batch (one pass, what the trainer did before micro-batching) and once per smaller ``micro_batch_tokens``. Each
 variant runs in a fresh process; its peak resident memory during ``train()`` (VmHWM after resetting it through
 /proc/self/clear_refs, minus the resident memory before) is printed beside the memory plan's estimate for the
-same micro-batch (rstar2/rl/memory_plan.py: float32 activations without checkpointing, LM head, gradients and
-AdamW moments; with the CPU-only LM-head terms noted in ``child``).
+same micro-batch (rstar2/rl/memory_plan.py: float32 activations, LM head, gradients and AdamW moments, plus the
+CPU-only LM-head term noted in ``child``).
 
     python benchmarks/bench_rl_micro_batch.py                       # 1,024 rows; budgets: all, 8192, 2048
+    python benchmarks/bench_rl_micro_batch.py --gradient-checkpointing
     python benchmarks/bench_rl_micro_batch.py --rows 256 --budgets 0 1024
 """
 
@@ -35,7 +36,7 @@ def _status(key: str) -> int:
     raise KeyError(key)
 
 
-def child(rows: int, prompt: int, response: int, budget: int) -> dict:
+def child(rows: int, prompt: int, response: int, budget: int, checkpointing: bool) -> dict:
     import torch
     from datasets import Dataset
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -73,7 +74,10 @@ def child(rows: int, prompt: int, response: int, budget: int) -> dict:
 
     fn = Fixed()
     budget = budget or rows * (prompt + response)
-    args = GRPOConfig(output_dir="/tmp/bench_rl_micro_batch", use_cpu=True, bf16=False, per_device_train_batch_size=2,
+    # bf16 and gradient_checkpointing set explicitly: GRPOConfig turns both on by default, the stages set them from
+    # the distributed section (off on CPU by default)
+    args = GRPOConfig(output_dir="/tmp/bench_rl_micro_batch", use_cpu=True, bf16=False,
+                      gradient_checkpointing=checkpointing, per_device_train_batch_size=2,
                       num_generations=2, max_steps=1, beta=0.0, entropy_coef=0.0, loss_type="dapo", logging_steps=1,
                       save_strategy="no", report_to=[], max_completion_length=response, disable_tqdm=True)
     tr = rl_trainer.make_trainer_class()(model=model, reward_funcs=[rl_trainer.rollout_reward], args=args,
@@ -90,13 +94,12 @@ def child(rows: int, prompt: int, response: int, budget: int) -> dict:
     step_s = time.time() - t0
     shape = mp.shape_from_config(cfg.to_dict(), "tiny")
     mb_tokens = min(budget, rows * (prompt + response))
-    # CPU differences from the GPU plan, both in TRL's fused LM head: its tile buffer is TILE_VOCAB wide but only
-    # this 4,096-token vocabulary's columns are ever written (resident), and without Triton the tile is folded by
-    # torch ops (trl/kernels/chunked_logprob.py _forward_tile) that hold about 4 more tile-sized temporaries
+    # One CPU-only term: without Triton, TRL's fused LM head folds each (tokens x vocab) tile with torch ops
+    # (trl/kernels/chunked_logprob.py _forward_tile) that hold about 2 more tile-sized temporaries (measured on
+    # the head alone: 326 MB peak for 2,048 tokens against its 268 MB buffer)
     tile = min(mb_tokens, mp.TILE_TOKENS) * min(shape.vocab_size, mp.TILE_VOCAB) * 4
-    untouched = min(mb_tokens, mp.TILE_TOKENS) * mp.TILE_VOCAB * 4 - tile
-    estimate = (mp.activation_bytes(shape, mb_tokens, 4, False) + mp.lm_head_bytes(shape, mb_tokens, 4, False)
-                - untouched + 4 * tile + 12 * shape.params())  # + float32 gradients, AdamW moments (weights: before)
+    estimate = (mp.activation_bytes(shape, mb_tokens, 4, checkpointing) + mp.lm_head_bytes(shape, mb_tokens, 4, False)
+                + 2 * tile + 12 * shape.params())  # + float32 gradients and AdamW moments (weights: in `before`)
     return {"budget": budget, "micro_batches": fn.pending["micro_batches"], "peak_minus_before": _status("VmHWM") - before,
             "hwm_reset": reset, "estimate": estimate, "step_s": round(step_s, 1)}
 
@@ -108,17 +111,23 @@ def main() -> None:
     ap.add_argument("--response", type=int, default=48)
     ap.add_argument("--budgets", type=int, nargs="+", default=[0, 8192, 2048],
                     help="micro_batch_tokens values; 0 = the whole batch in one pass")
+    ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
-        print("RESULT " + json.dumps(child(a.rows, a.prompt, a.response, a.child)), flush=True)
+        print("RESULT " + json.dumps(child(a.rows, a.prompt, a.response, a.child, a.gradient_checkpointing)), flush=True)
         return
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
-    print(f"{a.rows} rows x ({a.prompt} + {a.response}) tokens on one process; tiny Qwen3 {DIMS}; float32 CPU")
+    # glibc keeps freed heap blocks resident and would hide how much memory is live at the peak; with a fixed
+    # mmap threshold every tensor over 64 KB is mapped on allocation and unmapped on free, so RSS follows it
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    print(f"{a.rows} rows x ({a.prompt} + {a.response}) tokens on one process; tiny Qwen3 {DIMS}; float32 CPU; "
+          f"gradient checkpointing {'on' if a.gradient_checkpointing else 'off'}")
     print(f"{'micro_batch_tokens':>18} {'micro-batches':>13} {'peak RSS - before':>18} {'plan estimate':>14} {'step':>7}")
     for budget in a.budgets:
         r = subprocess.run([sys.executable, __file__, "--rows", str(a.rows), "--prompt", str(a.prompt), "--response",
-                            str(a.response), "--child", str(budget)], env=env, capture_output=True, text=True)
+                            str(a.response), "--child", str(budget)]
+                           + (["--gradient-checkpointing"] if a.gradient_checkpointing else []),
+                           env=env, capture_output=True, text=True)
         line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
         if r.returncode or line is None:
             raise SystemExit(f"budget {budget} failed:\n{r.stderr[-3000:]}")

@@ -135,7 +135,9 @@ GRAD_RUNNER = GRAD_ROWS + textwrap.dedent('''
 
     def step(budget):
         model, tok = models.load(model_dir)
+        # gradient checkpointing on (TRL's default): the recomputed forward passes are part of what is checked
         args = GRPOConfig(output_dir=os.path.join(out, f"t{budget}"), use_cpu=True, bf16=False, seed=0,
+                          gradient_checkpointing=True,
                           per_device_train_batch_size=2, num_generations=2, max_steps=1, beta=0.0, entropy_coef=0.0,
                           loss_type="dapo", logging_steps=1, save_strategy="no", report_to=[], max_grad_norm=0.0,
                           max_completion_length=64, disable_tqdm=True)

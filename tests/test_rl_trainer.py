@@ -335,8 +335,8 @@ def test_micro_batched_step_gradient_equals_the_single_pass_gradient(qwen_tokeni
     model, tok = models.tiny_qwen3(hidden_size=32, num_layers=2, num_heads=4)
     trajs, adv = _varied_trajectories(12, seed=0)
     fn = _FixedRollouts(trajs, adv)
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=2,
-                      num_generations=2, max_steps=1, beta=0.0, entropy_coef=0.0, loss_type="dapo", logging_steps=1,
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False,
+                      per_device_train_batch_size=2, num_generations=2, max_steps=1, beta=0.0, entropy_coef=0.0, loss_type="dapo", logging_steps=1,
                       save_strategy="no", report_to=[], max_completion_length=64, disable_tqdm=True)
     tr = make_tiny(model, tok, args, Dataset.from_list([{"prompt": "a"}]), fn, micro_batch_tokens=64)
     tr.current_gradient_accumulation_steps = 1
