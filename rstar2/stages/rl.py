@@ -26,6 +26,8 @@ def grpo_config(params: dict, output_dir: str, seed: int, num_processes: int = 1
     """TRL ``GRPOConfig`` of an RL stage (paper §4.3, §5.1; spec §5.5): AdamW (Trainer default), constant LR
     after ``warmup_steps`` linear warm-up steps, clip [1 - clip_low, 1 + clip_high], no KL, no entropy bonus,
     token-level (dapo) loss, one update per step, weight decay 0.01 and gradient clipping 1.0 (released code).
+    gradient_accumulation_steps stays 1: RoCGRPOTrainer accumulates over its own micro-batches
+    (``params["micro_batch_tokens"]``), whose number varies per step (rstar2/rl/trainer.py).
 
     Each of ``num_processes`` processes gets ``prompts_per_step / num_processes`` whole groups of G rows.
     Device, precision and vLLM come from ``params["trainer"]`` (rstar2.distributed).
