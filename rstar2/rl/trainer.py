@@ -137,8 +137,9 @@ def make_trainer_class():
                 self.vllm_generation.llm.sleep(level=2)   # level 2 drops the weights: the next step re-syncs
                 self.vllm_generation._llm_weights_sleeping = True
 
-        def _rollout_micro_batches(self, generation_batch) -> list[dict]:
-            """Roll out this process's groups, then plan and build the step's micro-batches ([] = no update).
+        def _rollout_micro_batches(self, generation_batch) -> list:
+            """Roll out this process's groups, then plan the step's micro-batches: one builder per micro-batch
+            (``batch.micro_batches``; [] = no update).
 
             Every process gets the same number of micro-batches with the same row counts (``plan_micro_batches``
             over the row shapes gathered from all processes); ``num_items_in_batch`` of each is the step's total
@@ -174,18 +175,18 @@ def make_trainer_class():
             # gradients on each GPU until the last one (accelerate's sync_each_batch exists for that reason)
             sharded = self.accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
             total = torch.zeros((), device=self.accelerator.device)
-            for i, batch in enumerate(batches):
+            for i, make_batch in enumerate(batches):
                 last = i == len(batches) - 1
                 self.accelerator.gradient_state._set_sync_gradients(last)
                 ctx = contextlib.nullcontext() if last or sharded else self.accelerator.no_sync(model)
                 with ctx:
-                    total = total + super().training_step(model, batch, num_items_in_batch)
+                    total = total + super().training_step(model, make_batch(), num_items_in_batch)
             return total
 
         def _prepare_inputs(self, inputs):
             if not self.model.training:  # GRPOTrainer.prediction_step would come here with prompts
                 raise NotImplementedError("RoCGRPOTrainer has no evaluation loop; use rstar2.stages.evaluate")
-            return inputs  # a micro-batch built by _rollout_micro_batches, already on the device
+            return inputs  # a micro-batch built by batch.micro_batches, already on the device
 
         def create_optimizer(self, *args, **kwargs):
             opt = super().create_optimizer(*args, **kwargs)
