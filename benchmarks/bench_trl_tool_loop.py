@@ -43,6 +43,7 @@ def run_ours(model_dir: str, probs: list[dict], a) -> list[float]:
         params = {"name": "bench", "mode": "grpo", "steps": a.steps, "prompts_per_step": a.prompts,
                   "group_size": a.group, "oversample": 1, "learning_rate": 5e-5, "warmup_steps": 0,
                   "clip_low": 0.2, "clip_high": 0.28, "checkpoint_every": 0, "seed": 0, "heldout": None,
+                  "micro_batch_tokens": 4096, "continue_optimizer": False, "save_optimizer": False,
                   "trainer": {"bf16": a.bf16},
                   "rollout": {"max_response_tokens": a.max_tokens, "max_turns": a.turns, "temperature": a.temperature,
                               "top_p": 1.0, "batch_size": a.prompts * a.group,

@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", required=True, help="the stage's output folder")
         for flag in extra:
             p.add_argument(flag, required=True)
+        if name == "rl":
+            p.add_argument("--optimizer-from", default=None,
+                           help="the previous stage's optimizer/ folder (params continue_optimizer)")
         if name == "label-verification":
             p.add_argument("--model", default=None, help="verifier model folder (only when enabled)")
             p.add_argument("--tokenizer", default=None, help="policy model folder whose tokenizer measures prompts "
@@ -81,7 +84,7 @@ def _dispatch(a: argparse.Namespace) -> None:
         sft.run(a.params, a.model, a.data, a.out)
     elif a.stage == "rl":
         from .stages import rl
-        rl.run(a.params, a.model, a.data, a.out)
+        rl.run(a.params, a.model, a.data, a.out, optimizer_from=a.optimizer_from)
     elif a.stage == "hard-problems":
         from .stages import hard_problems
         hard_problems.run(a.params, a.model, a.data, a.out)

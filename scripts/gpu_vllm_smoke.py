@@ -80,6 +80,7 @@ def rl_smoke(work: Path, model_dir: Path) -> Path:
               "oversample": 2, "prompts_per_step": 4, "learning_rate": 1e-5, "warmup_steps": 0, "clip_low": 0.2,
               "clip_high": 0.28, "checkpoint_every": 1, "steps": 2, "seed": 0, "error_penalty": "status",
               "format_penalty": "paper", "penalty_eps": 0.001,
+              "micro_batch_tokens": 8192, "continue_optimizer": False, "save_optimizer": False,
               "tool": {"name": "execute_python_code_with_standard_io", "timeout_s": 5, "memory_mb": 1024,
                        "max_output_chars": 256},
               "rollout": {"max_response_tokens": 512, "max_turns": 3, "temperature": 1.0, "top_p": 1.0,

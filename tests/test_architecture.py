@@ -199,8 +199,14 @@ def test_every_stage_parameter_is_the_schema_default_on_a_minimal_config(minimal
     rl_defaults = schema_defaults("rl")
     for stage in ("stage1", "stage2", "stage3"):
         rl = to_dict(P.rl(cfg, stage))
-        shared = {k: v for k, v in rl_defaults.items() if k not in ("temperature", "top_p", "batch_size", "heldout")}
+        shared = {k: v for k, v in rl_defaults.items()
+                  if k not in ("temperature", "top_p", "batch_size", "heldout", "micro_batch_tokens")}
         assert {k: rl[k] for k in shared} == shared, stage
+        mbt = SCHEMA["properties"]["rl"]["properties"]["micro_batch_tokens"]["properties"]["cpu"]["default"]
+        assert rl["micro_batch_tokens"] == mbt
+        # the schema's continue_optimizer defaults: stage 2 continues stage 1's optimizer, stage 3 starts fresh
+        assert (rl["continue_optimizer"], rl["save_optimizer"]) == {"stage1": (False, True), "stage2": (True, False),
+                                                                    "stage3": (False, False)}[stage]
         st = MINIMAL["rl"]["stages"][stage]
         assert rl["steps"] == st["steps"] and rl["trainer"] == trainer and rl["heldout"] is None
         check_rollout(rl["rollout"], {"max_response_tokens": st["max_response_tokens"], "max_turns": st["max_turns"]},

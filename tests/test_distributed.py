@@ -82,6 +82,78 @@ RUNNER = textwrap.dedent('''
 ''')
 
 
+# A micro-batched step on two processes (gloo): each process trains on its own kept trajectories (different
+# counts and lengths, so the process with fewer rows fills micro-batches with padding rows), once in a single
+# micro-batch and once in several; the gradients seen at the optimizer step are saved per process. Rank 0
+# also computes, unwrapped and on one process, the single-pass gradient over both processes' rows.
+# Rows of the micro-batched two-process step: process 0 keeps 10 trajectories, process 1 three (different lengths).
+GRAD_ROWS = textwrap.dedent('''
+    import torch
+    from rstar2 import rollout
+
+    def rows(r):
+        g = torch.Generator().manual_seed(100 + r)
+        trajs, adv = [], []
+        for i in range(10 if r == 0 else 3):
+            p, c = int(torch.randint(1, 6, (1,), generator=g)), int(torch.randint(2, 30, (1,), generator=g))
+            trajs.append(rollout.Trajectory(problem_id=f"r{r}-{i}", question="q", gold="1",
+                                            prompt_ids=torch.randint(100, 900, (p,), generator=g).tolist(),
+                                            response_ids=torch.randint(100, 900, (c,), generator=g).tolist(),
+                                            response_mask=[1] * c, finish_reason="answer"))
+            adv.append(float(torch.randn((), generator=g)))
+        return trajs, adv
+''')
+
+# Each process trains on its own rows (the process with fewer rows fills micro-batches with padding rows), once
+# in a single micro-batch and once in several; the gradient seen at the optimizer step is saved per process.
+GRAD_RUNNER = GRAD_ROWS + textwrap.dedent('''
+    import json, os, sys
+    from datasets import Dataset
+    from safetensors.torch import save_file
+    from transformers import TrainerCallback
+    from trl import GRPOConfig
+    from rstar2 import models
+    from rstar2.rl import trainer as rl_trainer
+
+    rank = int(os.environ["RANK"])
+    model_dir, out = sys.argv[1], sys.argv[2]
+
+    class Fixed:
+        G, last_results, pending = 2, [], None
+        def set_process(self, index, count): pass
+        def state_dict(self): return {}
+        def __call__(self, prompts, trainer, engines=None):
+            self.pending = {"kept_total": 0}
+            return rows(rank)
+
+    class Grads(TrainerCallback):
+        def __init__(self): self.grads = None
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    def step(budget):
+        model, tok = models.load(model_dir)
+        # gradient checkpointing on (TRL's default): the recomputed forward passes are part of what is checked
+        args = GRPOConfig(output_dir=os.path.join(out, f"t{budget}"), use_cpu=True, bf16=False, seed=0,
+                          gradient_checkpointing=True,
+                          per_device_train_batch_size=2, num_generations=2, max_steps=1, beta=0.0, entropy_coef=0.0,
+                          loss_type="dapo", logging_steps=1, save_strategy="no", report_to=[], max_grad_norm=0.0,
+                          max_completion_length=64, disable_tqdm=True)
+        fn, cb = Fixed(), Grads()
+        tr = rl_trainer.make_trainer_class()(model=model, reward_funcs=[rl_trainer.rollout_reward], args=args,
+                                             train_dataset=Dataset.from_list([{"prompt": "a"}, {"prompt": "b"}]),
+                                             processing_class=tok, rollout_fn=fn, callbacks=[cb],
+                                             micro_batch_tokens=budget)
+        tr.train()
+        save_file(cb.grads, os.path.join(out, f"rank{rank}-budget{budget}.safetensors"))
+        return fn.pending["micro_batches"]
+
+    counts = {b: step(b) for b in (100000, 40)}
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(counts, f)
+''')
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -148,6 +220,50 @@ def test_rl_two_processes_sync_gradients(setup):
     assert manifest["counts"]["steps"] == 2 and not (root / "fake" / "checkpoints" / "stage1").exists()
 
 
+def test_micro_batched_gradient_on_two_processes_equals_the_single_pass_gradient(setup):
+    """Two processes (gloo, DDP) with 10 and 3 kept trajectories: one micro-batch or several per step (the one
+    with fewer rows padding its micro-batches), the all-reduced gradient is the same on both processes and equals
+    the one-process single-pass gradient over all 13 rows with the step's token mean (|diff| <= 1e-6 + 1e-5 |g|,
+    float32)."""
+    import torch
+
+    root = setup
+    (root / "grad_runner.py").write_text(GRAD_RUNNER)
+    out = root / "grads"
+    out.mkdir()
+    _run(_launch(root / "grad_runner.py", root / "model", out))
+    counts = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert counts[0] == counts[1] and counts[0]["100000"] == 1 and counts[0]["40"] >= 4, counts
+    # the reference: one pass over both processes' rows in this (single) process through TRL's loss as is, which
+    # divides by num_items_in_batch / 1 = the token count of all 13 rows
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from rstar2 import models
+    from rstar2.rl import trainer as rl_trainer
+
+    scope = {}
+    exec(GRAD_ROWS, scope)
+    model, tok = models.load(root / "model")
+    args = GRPOConfig(output_dir=str(out / "ref"), use_cpu=True, bf16=False, per_device_train_batch_size=2,
+                      num_generations=2, max_steps=1, beta=0.0, loss_type="dapo", report_to=[], max_completion_length=64)
+    tr = rl_trainer.make_trainer_class()(model=model, reward_funcs=[rl_trainer.rollout_reward], args=args,
+                                         train_dataset=Dataset.from_list([{"prompt": "a"}]), processing_class=tok,
+                                         rollout_fn=None)
+    tr.current_gradient_accumulation_steps = 1
+    (t0, a0), (t1, a1) = scope["rows"](0), scope["rows"](1)
+    model.train()
+    tr._compute_loss(model, rl_trainer.build_batch(t0 + t1, a0 + a1, tok.pad_token_id)).backward()
+    ref = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert any(g.abs().sum() > 0 for g in ref.values())
+    for budget in (100000, 40):
+        g0, g1 = (_weights(out / f"rank{r}-budget{budget}.safetensors") for r in (0, 1))
+        assert g0.keys() == g1.keys() == ref.keys()
+        for k in ref:
+            assert torch.equal(g0[k], g1[k]), (budget, k)   # all-reduced: identical on both processes
+            assert torch.allclose(g0[k], ref[k], rtol=1e-5, atol=1e-6), (budget, k, (g0[k] - ref[k]).abs().max())
+
+
 def test_rl_cli_one_step_two_processes(setup):
     root = setup
     out = root / "cli" / "stage1"
@@ -200,7 +316,7 @@ def test_vllm_weights_are_synced_before_each_steps_rollouts(qwen_tokenizer):
             events.append(("sync", fake.state.global_step))
 
     class FakeRollouts:
-        G, last_results = 2, []
+        G, last_results, pending = 2, [], None
         rcfg = types.SimpleNamespace(temperature=1.0, top_p=1.0, batch_size=4)
 
         def __call__(self, prompts, trainer, engines=None):
@@ -211,6 +327,7 @@ def test_vllm_weights_are_synced_before_each_steps_rollouts(qwen_tokenizer):
                                 wait_for_everyone=lambda: None, unwrap_model=lambda m: m)
     fake = types.SimpleNamespace(
         use_vllm=True, vllm_generation=FakeVLLM(), _last_loaded_step=-1, state=types.SimpleNamespace(global_step=0),
+        micro_batch_tokens=64,
         args=types.SimpleNamespace(vllm_mode="server", vllm_enable_sleep_mode=False,
                                    vllm_server_base_url="http://127.0.0.1:9", vllm_server_host="127.0.0.1",
                                    vllm_server_port=9),
@@ -220,10 +337,10 @@ def test_vllm_weights_are_synced_before_each_steps_rollouts(qwen_tokenizer):
     for name in ("_rollout_engines", "_after_rollouts"):
         setattr(fake, name, types.MethodType(getattr(cls, name), fake))
     batch = [{"prompt": "q"}, {"prompt": "q"}]
-    assert cls._prepare_inputs(fake, batch) == {"skip": True}    # no group kept: no update
-    assert cls._prepare_inputs(fake, batch) == {"skip": True}    # same global step: no second sync
+    assert cls._rollout_micro_batches(fake, batch) == []    # no group kept: no micro-batch, no update
+    assert cls._rollout_micro_batches(fake, batch) == []    # same global step: no second sync
     fake.state.global_step = 1
-    cls._prepare_inputs(fake, batch)
+    cls._rollout_micro_batches(fake, batch)
     kinds = [e[:2] for e in events]
     assert kinds == [("sync", 0), ("rollout", 0), ("rollout", 0), ("sync", 1), ("rollout", 1)]
     engines = events[1][2]

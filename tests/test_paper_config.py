@@ -99,3 +99,58 @@ def test_every_paper_number_cites_its_section():
         assert path in lines, f"{path} not set in {PAPER.name}"
         parents = [".".join(path.split(".")[:i]) for i in range(1, path.count(".") + 1)]
         assert "#" in lines[path] or any("#" in lines[p] for p in parents[-1:]), f"no comment on {path}"
+
+
+# --- the memory plan at DAG time (rstar2/rl/memory_plan.py via workflow/rules/rl.smk) and the optimizer flags ---
+
+def _dry_run(tmp_path, override: str | None = None):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import copy_workflow
+
+    (tmp_path / "wf").mkdir()
+    work = copy_workflow(tmp_path / "wf")  # plans in a scratch copy, never against the repository's results/
+    files = [str(PAPER)]
+    if override:
+        (tmp_path / "override.yaml").write_text(override)
+        files.append(str(tmp_path / "override.yaml"))
+    return subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--configfile", *files], cwd=work,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+
+
+def test_dry_run_prints_the_memory_plan_per_rl_rule_and_carries_the_optimizer(tmp_path):
+    r = _dry_run(tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for stage in ("rl_stage1", "rl_stage2", "rl_stage3"):
+        assert f"memory plan {stage}: Qwen/Qwen3-14B-Base, 14.77B parameters, 8 x 80 GB GPUs, FSDP full shard" in r.stderr
+    assert r.stderr.count("(163,840 B/token)") == 3 and r.stderr.count(": fits") == 3
+    assert "= 29.5 GB per GPU (float32)" in r.stderr
+    # stage 1 leaves its optimizer for stage 2 (paper §4.3); stage 3 starts fresh
+    shells = {m: line for line in r.stdout.splitlines() for m in ("stage1", "stage2", "stage3")
+              if line.startswith("Shell command: accelerate") and f"--out results/rl/{m} " in line}
+    assert '"save_optimizer": true' in shells["stage1"] and '"continue_optimizer": false' in shells["stage1"]
+    assert '"continue_optimizer": true' in shells["stage2"] and "--optimizer-from results/rl/stage1/optimizer" in shells["stage2"]
+    assert '"continue_optimizer": false' in shells["stage3"] and "--optimizer-from" not in shells["stage3"]
+    assert '"save_optimizer": false' in shells["stage2"]
+
+
+def test_dry_run_on_141_gb_gpus_fits_too(tmp_path):
+    r = _dry_run(tmp_path, "distributed: {gpu_memory_gb: 141}\n")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("of 141 GB: fits") == 3
+
+
+@pytest.mark.parametrize("override,message", [
+    ("distributed: {vllm: {gpu_memory_utilization: 0.35}}\n",
+     "rl_stage1: distributed.vllm.gpu_memory_utilization: 0.35 gives vLLM 28.0 GB of a 80 GB GPU"),
+    ("rl: {micro_batch_tokens: {cuda: 200000}}\n", "rl_stage1: rl.micro_batch_tokens.cuda: 200000 (with gradient "
+                                                    "checkpointing) needs"),
+])
+def test_a_config_that_cannot_fit_fails_before_any_job(tmp_path, override, message):
+    r = _dry_run(tmp_path, override)
+    out = r.stdout + r.stderr   # snakemake prints the parse error on stdout, the plan goes to stderr
+    assert r.returncode != 0
+    assert "config: the RL memory plan does not fit" in out and message in out, out[-3000:]
+    assert "Job stats" not in out   # nothing was scheduled

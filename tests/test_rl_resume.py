@@ -24,7 +24,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHON
 STEPS = 6
 
 RUNNER = textwrap.dedent('''
-    import json, sys, time
+    import json, os, sys, time
     import torch
     from rstar2 import rollout
     from rstar2.stages import rl
@@ -45,7 +45,28 @@ RUNNER = textwrap.dedent('''
 
     rollout.run_rollouts = fake_run_rollouts
     params, model, data, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    rl.run(params, model, data, out)
+    optimizer_from = sys.argv[5] if len(sys.argv) > 5 else None
+    dump = os.environ.get("RSTAR2_TEST_OPTIMIZER_DUMP")
+    if dump:  # the optimizer state and learning rate the stage starts its first step with
+        from transformers import TrainerCallback
+        from rstar2.rl import trainer as rl_trainer
+
+        class Dump(TrainerCallback):
+            def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kw):
+                torch.save({"optimizer": optimizer.state_dict(), "lr": lr_scheduler.get_last_lr()}, dump)
+
+        made = rl_trainer.make_trainer_class
+
+        def with_dump():
+            cls = made()
+
+            class Dumping(cls):
+                def __init__(self, *a, callbacks=None, **k):
+                    super().__init__(*a, callbacks=list(callbacks or []) + [Dump()], **k)
+            return Dumping
+
+        rl_trainer.make_trainer_class = with_dump  # rl.run imports it from the module at call time
+    rl.run(params, model, data, out, optimizer_from=optimizer_from)
 ''')
 
 
@@ -61,9 +82,25 @@ def setup(tmp_path_factory):
     return root, params
 
 
-def _cmd(root, params, out):
-    return [sys.executable, str(root / "runner.py"), json.dumps(params), str(root / "model"),
-            str(root / "train.jsonl"), str(out)]
+def _cmd(root, params, out, model=None, optimizer_from=None):
+    return [sys.executable, str(root / "runner.py"), json.dumps(params), str(model or root / "model"),
+            str(root / "train.jsonl"), str(out)] + ([str(optimizer_from)] if optimizer_from else [])
+
+
+def _run(cmd, **env):
+    r = subprocess.run(cmd, cwd=REPO, env={**ENV, **env}, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def stage1(setup):
+    """A finished 2-step stage 1 (warm-up of 4 steps) that left its optimizer for stage 2 (save_optimizer)."""
+    root, params = setup
+    p1 = {**params, "steps": 2, "warmup_steps": 4, "save_optimizer": True}
+    out = root / "carry" / "stage1"
+    _run(_cmd(root, p1, out))
+    return p1, out
 
 
 def _rows(path):
@@ -75,14 +112,22 @@ def _weights(folder):
     return load_file(str(Path(folder) / "model.safetensors"))
 
 
-def test_killed_stage_resumes_with_same_steps_data_order_and_weights(setup):
+@pytest.mark.parametrize("continuing", [False, True], ids=["fresh", "continuing-stage1-optimizer"])
+def test_killed_stage_resumes_with_same_steps_data_order_and_weights(setup, stage1, continuing):
+    """Also for a stage 2 that continues stage 1's optimizer: resumed, it takes the optimizer from its own
+    checkpoint (not stage 1's again) and ends with the uninterrupted run's weights."""
     root, params = setup
-    ref = root / "ref" / "stage1"
-    subprocess.run(_cmd(root, params, ref), cwd=REPO, env=ENV, check=True, capture_output=True, timeout=600)
+    extra = {}
+    if continuing:
+        params = {**params, "name": "rl_stage2", "continue_optimizer": True}
+        extra = {"model": stage1[1] / "model", "optimizer_from": stage1[1] / "optimizer"}
+    tag = "continuing" if continuing else "fresh"
+    ref = root / f"ref-{tag}" / "stage1"
+    subprocess.run(_cmd(root, params, ref, **extra), cwd=REPO, env=ENV, check=True, capture_output=True, timeout=600)
 
-    out = root / "run" / "stage1"
-    ckpts = root / "run" / "checkpoints" / "stage1"
-    proc = subprocess.Popen(_cmd(root, params, out), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+    out = root / f"run-{tag}" / "stage1"
+    ckpts = root / f"run-{tag}" / "checkpoints" / "stage1"
+    proc = subprocess.Popen(_cmd(root, params, out, **extra), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     kill_group_when(proc, lambda: (ckpts / "checkpoint-2" / "rstar2_state.json").exists(), 300,
                     "the stage ended before its second checkpoint", "no second checkpoint in time", poll_s=0.05)
@@ -90,7 +135,7 @@ def test_killed_stage_resumes_with_same_steps_data_order_and_weights(setup):
     killed_at = max(r["step"] for r in _rows(out / "metrics.jsonl"))
     assert 2 <= killed_at < STEPS
 
-    resumed = subprocess.run(_cmd(root, params, out), cwd=REPO, env=ENV, capture_output=True, text=True,
+    resumed = subprocess.run(_cmd(root, params, out, **extra), cwd=REPO, env=ENV, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     m = json.loads((out / "manifest.json").read_text())
@@ -120,8 +165,54 @@ def test_killed_stage_resumes_with_same_steps_data_order_and_weights(setup):
     assert w.keys() == w_ref.keys()
     for k in w:
         assert torch.allclose(w[k], w_ref[k], rtol=1e-5, atol=1e-7), k
-    base = _weights(root / "model")
+    base = _weights(extra.get("model", root / "model"))
     assert any(not torch.equal(w[k], base[k]) for k in w), "training changed nothing"
+
+
+def _adam(state_dict):
+    """AdamW's per-parameter state: {param index: (step, exp_avg, exp_avg_sq)}."""
+    return {i: (float(st["step"]), st["exp_avg"], st["exp_avg_sq"]) for i, st in state_dict["state"].items()}
+
+
+def test_stage2_continues_stage1s_optimizer_and_schedule_stage3_starts_fresh(setup, stage1):
+    """Paper §4.3 / spec §6: stage 2 starts with the AdamW moments, step counts and LR schedule stage 1 ended
+    with (here mid warm-up: step 2 of 4, so its first learning rate is half the peak, not 0); a stage with
+    continue_optimizer false (stage 3) starts with an empty AdamW and a new warm-up."""
+    root, params = setup
+    p1, s1 = stage1
+    saved = torch.load(s1 / "optimizer" / "optimizer.pt", weights_only=True)
+    marker = json.loads((s1 / "optimizer" / "carried_optimizer.json").read_text())
+    updates = sum(not r["update_skipped"] for r in _rows(s1 / "metrics.jsonl"))
+    assert marker["global_step"] == 2 and marker["stage"] == "rl_stage1" and updates >= 1
+    assert {v[0] for v in _adam(saved).values()} == {float(updates)}   # AdamW's own step count
+
+    s2 = root / "carry" / "stage2"
+    _run(_cmd(root, {**p1, "name": "rl_stage2", "continue_optimizer": True, "save_optimizer": False}, s2,
+              model=s1 / "model", optimizer_from=s1 / "optimizer"), RSTAR2_TEST_OPTIMIZER_DUMP=str(root / "s2.pt"))
+    start = torch.load(root / "s2.pt", weights_only=True)
+    got, want = _adam(start["optimizer"]), _adam(saved)
+    assert got.keys() == want.keys() and got
+    for i in want:
+        assert got[i][0] == want[i][0] and torch.equal(got[i][1], want[i][1]) and torch.equal(got[i][2], want[i][2])
+    assert _rows(s2 / "metrics.jsonl")[0]["learning_rate"] == pytest.approx(p1["learning_rate"] * 2 / 4)
+    manifest = json.loads((s2 / "manifest.json").read_text())
+    assert manifest["optimizer_continued_from"] == marker and not (s2 / "optimizer").exists()
+
+    s3 = root / "carry" / "stage3"
+    _run(_cmd(root, {**p1, "name": "rl_stage3", "save_optimizer": False}, s3, model=s2 / "model"),
+         RSTAR2_TEST_OPTIMIZER_DUMP=str(root / "s3.pt"))
+    assert torch.load(root / "s3.pt", weights_only=True)["optimizer"]["state"] == {}
+    assert _rows(s3 / "metrics.jsonl")[0]["learning_rate"] == 0.0   # warm-up from the start
+    assert json.loads((s3 / "manifest.json").read_text())["optimizer_continued_from"] is None
+
+
+def test_continue_optimizer_without_a_saved_optimizer_fails_first(setup, tmp_path):
+    root, params = setup
+    r = subprocess.run(_cmd(root, {**params, "continue_optimizer": True}, tmp_path / "stage2",
+                            optimizer_from=tmp_path / "nothing"), cwd=REPO, env=ENV, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode != 0 and "no optimizer state of the previous stage" in r.stderr
+    assert not (tmp_path / "stage2" / "metrics.jsonl").exists()
 
 
 def test_fingerprint_changes_with_the_reward_code(tmp_path, monkeypatch):

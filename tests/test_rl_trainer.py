@@ -128,10 +128,11 @@ def tiny_trainer(qwen_tokenizer, tmp_path_factory):
     return tr
 
 
-def make_tiny(model, tok, args, dataset, rollout_fn=None, callbacks=None):
+def make_tiny(model, tok, args, dataset, rollout_fn=None, callbacks=None, micro_batch_tokens=4096):
     return rl_trainer.make_trainer_class()(model=model, reward_funcs=[rl_trainer.rollout_reward], args=args,
                                            train_dataset=dataset, processing_class=tok,
-                                           rollout_fn=rollout_fn, callbacks=callbacks)
+                                           rollout_fn=rollout_fn, callbacks=callbacks,
+                                           micro_batch_tokens=micro_batch_tokens)
 
 
 def test_token_loss_weights_are_the_advantage_on_generated_tokens_only(tiny_trainer):
@@ -255,6 +256,7 @@ def test_step_without_groups_skips_the_update(qwen_tokenizer, tmp_path):
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["update_skipped"] and rows[0]["loss"] is None and rows[0]["grad_norm"] is None
+    assert [r["micro_batches"] for r in rows] == [0, 1]   # no forward pass at all on the skipped step
     assert not rows[1]["update_skipped"] and rows[1]["loss"] is not None
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
 
@@ -285,3 +287,98 @@ def test_rollout_state_round_trip():
     other = RolloutFunc({}, RolloutConfig(), 2, 2, "grpo_roc", "topk", 99, "/nonexistent")
     other.load_state_dict(state)
     assert other.step == 5 and other.rng.random() == fn.rng.random()
+
+
+class _FixedRollouts:
+    """Returns the same kept trajectories every step (varied prompt and response lengths, tool spans masked)."""
+    G = 2
+
+    def __init__(self, trajs, advantages):
+        self.trajs, self.advantages = trajs, advantages
+        self.pending, self.last_results = None, []
+
+    def set_process(self, index, count):
+        pass
+
+    def __call__(self, prompts, trainer, engines=None):
+        self.pending = {"kept_total": len(self.trajs)}
+        return self.trajs, self.advantages
+
+    def state_dict(self):
+        return {}
+
+
+def _varied_trajectories(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    trajs, adv = [], []
+    for i in range(n):
+        p, c = int(torch.randint(1, 7, (1,), generator=g)), int(torch.randint(1, 24, (1,), generator=g))
+        mask = [1] * c
+        if c > 6:  # a tool response in the middle: context, zero loss weight
+            mask[2:5] = [0, 0, 0]
+        trajs.append(_traj(torch.randint(100, 900, (p,), generator=g).tolist(),
+                           torch.randint(100, 900, (c,), generator=g).tolist(), mask, float(i % 2)))
+        adv.append(float(torch.randn((), generator=g)))
+    return trajs, adv
+
+
+def test_micro_batched_step_gradient_equals_the_single_pass_gradient(qwen_tokenizer, tmp_path):
+    """One RL step through RoCGRPOTrainer.training_step with a small micro-batch budget (several micro-batches,
+    gradients accumulated, each normalised by the whole step's token count) gives the gradient of one pass over
+    the whole batch through TRL's loss: equal to float32 rounding (|diff| <= 1e-6 + 1e-5 |g|; bf16 off, since
+    GRPOConfig turns bf16 autocast on by default and bf16 sums in another order differ by ~0.3%)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from rstar2 import models
+
+    model, tok = models.tiny_qwen3(hidden_size=32, num_layers=2, num_heads=4)
+    trajs, adv = _varied_trajectories(12, seed=0)
+    fn = _FixedRollouts(trajs, adv)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False,
+                      per_device_train_batch_size=2, num_generations=2, max_steps=1, beta=0.0, entropy_coef=0.0, loss_type="dapo", logging_steps=1,
+                      save_strategy="no", report_to=[], max_completion_length=64, disable_tqdm=True)
+    tr = make_tiny(model, tok, args, Dataset.from_list([{"prompt": "a"}]), fn, micro_batch_tokens=64)
+    tr.current_gradient_accumulation_steps = 1
+    model.train()
+
+    batch = build_batch(trajs, adv, tok.pad_token_id)
+    model.zero_grad()
+    single_loss = tr.compute_loss(model, batch)
+    single_loss.backward()
+    single = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    loss = tr.training_step(model, [{"prompt": "a"}] * 2)
+    micro = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    assert fn.pending["micro_batches"] >= 4, fn.pending   # 12 rows of up to 29 tokens in 64-token micro-batches
+    assert loss.item() == pytest.approx(single_loss.item(), rel=1e-5, abs=1e-7)
+    assert single.keys() == micro.keys() and any(g.abs().sum() > 0 for g in single.values())
+    for name, g in single.items():
+        assert torch.allclose(micro[name], g, rtol=1e-5, atol=1e-6), (name, (micro[name] - g).abs().max())
+
+
+def test_micro_batch_plan_covers_every_row_once_within_the_budget():
+    """Three processes with different row counts and lengths: every micro-batch has the same row count on each
+    process, each row appears exactly once, and the padded size stays within the budget unless one row alone
+    exceeds it (then it runs alone)."""
+    from rstar2.rl.batch import padded_tokens, plan_micro_batches
+
+    g = random.Random(0)
+    shapes = [[(g.randint(1, 40), g.randint(1, 300)) for _ in range(n)] for n in (37, 5, 0)]
+    shapes[1].append((10, 900))  # alone over the budget
+    budget = 700
+    plan, oversize = plan_micro_batches(shapes, budget)
+    assert oversize == 1
+    for p, rows in enumerate(shapes):
+        seen = [i for mb in plan for i in mb[p] if i >= 0]
+        assert sorted(seen) == list(range(len(rows))), p
+    for mb in plan:
+        assert len({len(col) for col in mb}) == 1
+        for p, col in enumerate(mb):
+            real = [shapes[p][i] for i in col if i >= 0]
+            width = max([1] + [a for a, _ in real]) + max([1] + [b for _, b in real])
+            assert len(col) * width <= budget or (len(col) == 1 and padded_tokens(real) > budget)
+    # longest rows first and as few micro-batches as the longest process needs: not one row per micro-batch
+    assert len(plan) < 37

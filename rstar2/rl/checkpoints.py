@@ -20,7 +20,8 @@ import shutil
 from pathlib import Path
 
 from ..io import atomic_write_text, digest, write_json
-from .trainer import STATE_FILE
+
+STATE_FILE = "rstar2_state.json"   # written last into each checkpoint: marks it complete (see stages/rl.py)
 
 
 def checkpoint_root(out_dir: str | os.PathLike) -> Path:
@@ -44,11 +45,13 @@ REWARD_MODULES = ("grading/__init__.py", "grading/extraction.py", "grading/norma
 PACKAGE = Path(__file__).resolve().parents[1]
 
 
-def fingerprint(params: dict, model_dir: str | os.PathLike, data_path: str | os.PathLike) -> str:
+def fingerprint(params: dict, model_dir: str | os.PathLike, data_path: str | os.PathLike,
+                carried: dict | None = None) -> str:
     """Digest of what determines a stage's training run: params, data file contents, model folder contents
-    (names, sizes and contents of every file) and the source of the reward code (``REWARD_MODULES``)."""
+    (names, sizes and contents of every file), the source of the reward code (``REWARD_MODULES``) and the
+    marker of the optimizer state it continues from (``carried``, ``read_carried``), if any."""
     model_files = sorted(p for p in Path(model_dir).rglob("*") if p.is_file())
-    return digest({"params": params, "data": _file_sha(Path(data_path)),
+    return digest({"params": params, "data": _file_sha(Path(data_path)), "carried_optimizer": carried,
                    "model": [(str(p.relative_to(model_dir)), p.stat().st_size, _file_sha(p)) for p in model_files],
                    "reward_code": {m: _file_sha(PACKAGE / m) for m in REWARD_MODULES}})
 
@@ -99,3 +102,49 @@ def truncate_log(path: Path, last_step: int) -> None:
         if row.get("step", 0) <= last_step:
             rows.append(line + "\n")
     atomic_write_text(path, "".join(rows))
+
+
+def read_state(checkpoint_dir: str | os.PathLike) -> dict:
+    """The RolloutFunc state saved in a checkpoint (raises FileNotFoundError for an incomplete one)."""
+    with open(os.path.join(checkpoint_dir, STATE_FILE), encoding="utf-8") as f:
+        return json.load(f)
+
+
+CARRY_FILE = "carried_optimizer.json"  # written last into an optimizer folder: marks it complete
+
+
+def save_optimizer(trainer, folder: str | os.PathLike, info: dict) -> None:
+    """Leave a finished stage's AdamW state and LR schedule for the next stage (paper §4.3; spec §6: stages 1
+    and 2 are one continuing run, the optimizer is reset only for stage 3).
+
+    ``folder`` is inside the stage's output folder (``results/rl/stage1/optimizer``), not under
+    ``checkpoint_root``, which the stage deletes when it finishes. Trainer's own ``_save_optimizer_and_scheduler``
+    writes it (optimizer.pt and scheduler.pt; FSDP gathers, DeepSpeed writes its engine checkpoint), so that
+    ``_load_optimizer_and_scheduler`` reads it back as it reads a checkpoint. Every process must call this.
+    ``info`` (e.g. stage name and fingerprint) goes into the marker with the global step; the marker is written
+    last, so a folder without one is incomplete.
+    """
+    folder = Path(folder)
+    acc = trainer.accelerator
+    if acc.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    acc.wait_for_everyone()
+    trainer._save_optimizer_and_scheduler(str(folder))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        write_json(folder / CARRY_FILE, {**info, "global_step": trainer.state.global_step})
+
+
+def read_carried(folder: str | os.PathLike) -> dict:
+    """The marker of an optimizer folder written by ``save_optimizer``.
+
+    Raises:
+        FileNotFoundError: no complete folder there (the previous stage ran without saving its optimizer,
+            e.g. with ``continue_optimizer`` false for this stage at the time, or was interrupted).
+    """
+    path = Path(folder) / CARRY_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: no optimizer state of the previous stage ({CARRY_FILE} missing); rerun "
+                                "the previous stage with this stage's continue_optimizer set, or set it to false")
+    return json.loads(path.read_text(encoding="utf-8"))

@@ -155,6 +155,9 @@ class RLParams:
     clip_low: float
     clip_high: float
     trainer_overrides: dict
+    micro_batch_tokens: int     # padded tokens per forward/backward micro-batch and process (rl.micro_batch_tokens)
+    continue_optimizer: bool    # start from the previous stage's AdamW state and LR schedule (paper §4.3)
+    save_optimizer: bool        # leave this stage's optimizer state for the next stage, which continues it
     sources: list | None
     rollout: RolloutConfig
     trainer: TrainerParams
@@ -297,11 +300,23 @@ def rl(config: dict, stage: str, ablation: tuple[str, int] | None = None) -> RLP
         heldout = HeldoutParams(benchmark=ho["benchmark"], spec=config["benchmarks"][ho["benchmark"]],
                                 every=ho["every"], limit=ho["limit"], k=ho["k"],
                                 rollout=_rollout(config, st, ho["temperature"], ho["top_p"], ho["batch_size"]))
-    shared = {k: v for k, v in rl.items() if k not in ("stages", "temperature", "top_p", "batch_size", "heldout", "mode")}
-    return parse(RLParams, {**shared, "name": name, "mode": mode, "steps": steps, "heldout": heldout,
+    shared = {k: v for k, v in rl.items()
+              if k not in ("stages", "temperature", "top_p", "batch_size", "heldout", "mode", "micro_batch_tokens")}
+    following = {"stage1": "stage2", "stage2": "stage3"}.get(stage)
+    optimizer = {"continue_optimizer": not ablation and continues_optimizer(config, stage),
+                 "save_optimizer": bool(not ablation and following and continues_optimizer(config, following)),
+                 "micro_batch_tokens": rl["micro_batch_tokens"][config["distributed"]["device"]]}
+    return parse(RLParams, {**shared, **optimizer, "name": name, "mode": mode, "steps": steps, "heldout": heldout,
                             "sources": stage_sources(config, stage),
                             "rollout": _rollout(config, st, rl["temperature"], rl["top_p"], rl["batch_size"]),
                             "trainer": _trainer(config), "seed": seed}, f"rl.stages.{stage}")
+
+
+def continues_optimizer(config: dict, stage: str) -> bool:
+    """Whether an enabled RL stage starts from the previous stage's optimizer state
+    (``rl.stages.stageN.continue_optimizer``; stage 1 has no previous stage; paper §4.3)."""
+    st = config["rl"]["stages"].get(stage)   # absent = not enabled (the schema's "stage2 / stage3 null or absent")
+    return stage != "stage1" and st is not None and st["continue_optimizer"]
 
 
 def stage_sources(config: dict, stage: str) -> list[str] | None:

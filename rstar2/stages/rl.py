@@ -23,6 +23,8 @@ def grpo_config(p: RLParams, output_dir: str, seed: int, num_processes: int = 1)
     """TRL ``GRPOConfig`` of an RL stage (paper §4.3, §5.1; spec §5.5): AdamW (Trainer default), constant LR
     after ``warmup_steps`` linear warm-up steps, clip [1 - clip_low, 1 + clip_high], no KL, no entropy bonus,
     token-level (dapo) loss, one update per step, weight decay 0.01 and gradient clipping 1.0 (released code).
+    gradient_accumulation_steps stays 1: RoCGRPOTrainer accumulates over its own micro-batches
+    (``p.micro_batch_tokens``), whose number varies per step (rstar2/rl/trainer.py).
 
     Each of ``num_processes`` processes gets ``prompts_per_step / num_processes`` whole groups of G rows.
     Device, precision and vLLM come from ``p.trainer`` (rstar2.distributed); ``p.trainer_overrides`` sets further
@@ -92,29 +94,34 @@ def _heldout_callbacks(p: RLParams, problems: list[dict] | None, out: Path, is_m
                                   str(out), p.steps, is_main)]
 
 
-def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
+def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_from: str | None = None) -> None:
     """Train one RL stage with TRL's GRPOTrainer and our rollout layer, resuming from its last checkpoint.
 
     Args:
-        params: the stage's parameters (``rstar2.stages.params.RLParams`` or its JSON dict; every field given).
-            A ``heldout`` evaluates the policy on a held-out benchmark at step 0 and every ``every`` steps
+        params: the stage's parameters (``rstar2.stages.params.RLParams`` or its JSON dict; every field given):
+            among them micro_batch_tokens (padded tokens per forward/backward micro-batch and process),
+            continue_optimizer (start from ``optimizer_from``'s AdamW state and LR schedule), save_optimizer
+            (leave this stage's in ``out_dir/optimizer`` for the next stage). A ``heldout`` evaluates the policy
+            on a held-out benchmark at step 0 and every ``every`` steps
             (``rstar2.rl.heldout``: ``heldout.jsonl``).
         model_dir: folder of the starting model (previous stage's ``model/``).
         data_path: JSON Lines with ``id``, ``problem``, ``answer`` (rl_data's train.jsonl or hard_problems' hard.jsonl).
         out_dir: ``results/rl/stageN``; writes ``model/``, ``metrics.jsonl``, ``rollouts.jsonl``,
-            ``tensorboard/``, then ``manifest.json``. Checkpoints go to ``results/rl/checkpoints/stageN``
-            (``rstar2.rl.checkpoints``): a killed stage resumes from the last one, with optimizer, LR schedule,
-            RNG, data position, step counter and logs as they were at that step.
+            ``tensorboard/``, ``optimizer/`` (with save_optimizer), then ``manifest.json``. Checkpoints go to
+            ``results/rl/checkpoints/stageN`` (``rstar2.rl.checkpoints``): a killed stage resumes from the last
+            one, with optimizer, LR schedule, RNG, data position, step counter and logs as they were at that step.
+        optimizer_from: the previous stage's ``optimizer/`` folder; required with continue_optimizer (paper
+            §4.3: stage 2 continues stage 1's optimizer; stage 3 resets it).
     Raises:
         ValueError: the training set is empty (e.g. hard-problem mining kept nothing); a missing or unknown
-            parameter.
+            parameter; continue_optimizer without optimizer_from.
+        FileNotFoundError: optimizer_from holds no complete optimizer state.
     """
     from datasets import Dataset
 
     from .. import distributed, models, precision
     from ..rl import checkpoints
-    from ..rl.trainer import (PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, read_state,
-                              rollout_reward)
+    from ..rl.trainer import PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, rollout_reward
 
     t0 = time.time()
     p = parse(RLParams, params, "rl params")
@@ -134,12 +141,17 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
         from ..rl.heldout import check_disjoint
 
         check_disjoint(heldout, rows, p.heldout.benchmark, f"the training data {data_path}")
+    if p.continue_optimizer and not optimizer_from:
+        raise ValueError("continue_optimizer is set but no optimizer folder of the previous stage was given "
+                         "(rstar2 rl --optimizer-from results/rl/stageN/optimizer)")
+    carried = checkpoints.read_carried(optimizer_from) if p.continue_optimizer else None
     ckpt_root = checkpoints.checkpoint_root(out)
     # held-out settings are measurement, not training: changing them resumes from the checkpoints
-    fp = checkpoints.fingerprint({k: v for k, v in to_dict(p).items() if k != "heldout"}, model_dir, data_path)
+    fp = checkpoints.fingerprint({k: v for k, v in to_dict(p).items() if k != "heldout"}, model_dir, data_path,
+                                 carried)
     with ps.main_process_first():  # the main process clears a stale folder; the others then find it ready
         resume = checkpoints.prepare(ckpt_root, fp)
-    resume_step = read_state(resume)["step"] if resume else 0
+    resume_step = checkpoints.read_state(resume)["step"] if resume else 0
     if ps.is_main_process:
         for log in ("metrics.jsonl", "rollouts.jsonl", "heldout.jsonl", "heldout_problems.jsonl"):
             if resume:  # keep exactly the steps the checkpoint contains
@@ -164,20 +176,24 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
                              penalty)
     rollout_fn.set_process(ps.process_index, ps.num_processes)
     if resume:
-        rollout_fn.load_state_dict(read_state(resume))
+        rollout_fn.load_state_dict(checkpoints.read_state(resume))
         print(f"[rl] resuming {p.name} from {resume} (step {resume_step})", flush=True)
     callback = make_metrics_callback(rollout_fn, str(out / "metrics.jsonl"), str(out / "tensorboard"))
     if resume and ps.is_main_process:
         callback.replay(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else [])
     callbacks = [callback] + _heldout_callbacks(p, heldout, out, ps.is_main_process)
     trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
-                                   processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks)
+                                   processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks,
+                                   micro_batch_tokens=p.micro_batch_tokens,
+                                   optimizer_from=str(optimizer_from) if carried else None)
     if p.trainer.shared_prefix and ps.num_processes == 1:  # a DDP/FSDP/ZeRO-3 wrapper must see every forward
         from ..rl import shared_prefix
 
         shared_prefix.install(trainer.model)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     trainer.save_model(str(out / "model"))  # every process: gathers ZeRO-3 / FSDP shards; the main one writes
+    if p.save_optimizer:  # before the manifest: a stage without one is not finished
+        checkpoints.save_optimizer(trainer, out / "optimizer", {"stage": p.name, "fingerprint": fp})
     ps.wait_for_everyone()
     if not ps.is_main_process:
         return
@@ -189,7 +205,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
                            "train_problems": len(rows), "resumed_from_step": resume_step,
                            "shared_prefix_forwards": getattr(trainer.model, "shared_prefix_calls", 0),
                            "rollouts": sum(1 for _ in open(out / "rollouts.jsonl")) if (out / "rollouts.jsonl").exists() else 0},
-                   started=t0, extra={"precision": precision.summary(to_dict(p))})
+                   started=t0, extra={"precision": precision.summary(to_dict(p)), "optimizer_continued_from": carried})
     shutil.rmtree(ckpt_root, ignore_errors=True)  # after the manifest: a finished stage needs no checkpoints
     with contextlib.suppress(OSError):  # results/rl/checkpoints itself, once no stage has any left
         ckpt_root.parent.rmdir()

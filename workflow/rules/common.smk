@@ -123,6 +123,35 @@ def rl_run_input(wildcards):
     return {"model": f"{previous}/model", "data": data, "heldout": heldout_files()}
 
 
+def rl_optimizer_arg(wildcards):
+    """` --optimizer-from results/rl/stageN/optimizer` for a stage that continues the previous stage's optimizer
+    (paper §4.3: stage 2 continues stage 1's, stage 3 starts fresh). The previous stage writes that folder before
+    its manifest, so the model input above already waits for it."""
+    kind, what = RL_RUNS[wildcards.run]
+    if kind != "stage" or not stage_params.continues_optimizer(config, what):
+        return ""
+    previous = {"stage2": "stage1", "stage3": "stage2"}[what]
+    return f"--optimizer-from results/rl/{previous}/optimizer"
+
+
+def _rl_memory_plan():
+    """The memory plan of each RL stage on its GPUs (rstar2/rl/memory_plan.py), printed at parse time so that
+    `snakemake -n` shows it; a config that cannot fit stops here, before any job is queued."""
+    from rstar2.rl import memory_plan
+
+    res = job_resources("rl")
+    gpus = res.get("gpu", 0) * res.get("nodes", 1)
+    plans, notice = memory_plan.workflow_plans(config, RL_STAGES, gpus, memory_plan.accelerate_config(launch("rl")),
+                                               "results/base_model")
+    if notice:
+        print(notice, file=sys.stderr)
+    for plan in plans:
+        print("memory plan " + "\n".join(plan.lines), file=sys.stderr)
+    errors = [f"{plan.stage}: {e}" for plan in plans for e in plan.errors]
+    if errors:
+        raise ValueError("config: the RL memory plan does not fit (rstar2/rl/memory_plan.py):\n  " + "\n  ".join(errors))
+
+
 def model_dir(wildcards):
     return f"{MODEL_DIRS[wildcards.model]}/model"
 
@@ -146,3 +175,6 @@ def all_manifests():
     evals = [f"eval/{m}" for m in config["evaluate"]["models"]]
     verifier = ["verifier_model"] if _verifier_dir() == "results/verifier_model" else []
     return [f"results/{s}/manifest.json" for s in stages + verifier + evals]
+
+
+_rl_memory_plan()

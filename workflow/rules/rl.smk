@@ -6,6 +6,9 @@
 # ablation run>, which is deliberately not a declared output (Snakemake deletes declared outputs before rerunning a
 # rule, so the checkpoints would be lost). A killed run resumes from its last checkpoint when the same inputs and
 # params come back; the stage deletes its checkpoints after writing its manifest (rstar2/rl/checkpoints.py).
+# Optimizer across stages (paper §4.3): a stage with continue_optimizer starts from the AdamW state and LR schedule
+# the previous stage left in results/rl/stageN/optimizer (written before its manifest); stage 2 continues by
+# default, stage 3 starts fresh.
 
 
 rule rl:
@@ -18,6 +21,7 @@ rule rl:
         run=r"rl/stage[123]|ablation/(grpo_roc|grpo)-seed\d+",
     params:
         p=rl_run_params,
+        optimizer=rl_optimizer_arg,
     conda:
         "../../envs/train.yaml"
     log:
@@ -28,5 +32,5 @@ rule rl:
     resources:
         **job_resources("rl"),
     shell:
-        launch("rl") + " rl --params {params.p:q} --model {input.model} --data {input.data}"
+        launch("rl") + " rl --params {params.p:q} --model {input.model} --data {input.data} {params.optimizer}"
         " --out results/{wildcards.run} 2>&1 | tee {log}"
