@@ -148,3 +148,55 @@ def test_heldout_by_kind_joins_logged_ids_to_the_data_files_kinds(tmp_path):
     logged.write_text(json.dumps({"step": 0, "id": "my_ho-h9", "rewards": [1.0]}) + "\n")
     proc = subprocess.run(script, capture_output=True, text=True)
     assert proc.returncode != 0 and "row 1: id 'my_ho-h9' is no problem of" in proc.stderr
+
+
+def test_recovery_rows_show_the_real_sandbox_output_of_a_failed_then_a_fixed_call(tmp_path):
+    """Issue 23: every recovery demonstration's tool responses are what the sandbox prints when the calls are run
+    again here, the first is a real failure of the intended kind, the reason sentence names the exception the
+    model saw, and the corrected call is self-contained and prints the boxed answer."""
+    from rstar2 import sandbox
+    from rstar2.data.sft import recovery
+    from rstar2.stages import sft_data
+
+    sft_data.run({"sources": [{"name": "recovery", "generate": "recovery", "n": 16}], **SFT_TOOL, "seed": 0},
+                 str(tmp_path))
+    rows = _read(tmp_path / "train.jsonl")
+    stats = json.loads((tmp_path / "stats.json").read_text())["sources"]["recovery"]
+    assert len(rows) == 16 and stats["sandbox"]["status"] == {"error": 16, "ok": 16}
+    assert {k for k in stats if k.startswith("mistake_")} == {f"mistake_{k}" for k in recovery.MISTAKES}
+    calls = []
+    for r in rows:
+        system, user, call1, tool1, call2, tool2, final = r["messages"]
+        (c1,), (c2,) = chat.parse_tool_calls(call1["content"]), chat.parse_tool_calls(call2["content"])
+        calls.append((r, c1, c2))
+        assert c1.code != c2.code or c1.stdin != c2.stdin
+    again = sandbox.execute_many([(c.code, c.stdin) for _, c1, c2 in calls for c in (c1, c2)])
+    for (r, c1, c2), failed, fixed in zip(calls, again[::2], again[1::2]):
+        _, user, _, tool1, call2, tool2, final = r["messages"]
+        assert failed.status == "error" and fixed.status == "ok"
+        assert tool1["content"] == sandbox.render_result(failed, 256)   # the real traceback, as the RL loop shows it
+        assert tool2["content"] == sandbox.render_result(fixed, 256)
+        exc = recovery.exception_name(failed.stderr)
+        assert exc in tool1["content"] and exc in call2["content"].split("</reason>")[0]
+        assert final["content"].endswith(f"<answer>\\boxed{{{fixed.stdout.strip()}}}</answer>")
+
+
+@pytest.mark.parametrize("kind,code,stdin,expected", [
+    ("name_error", "s = 'pencil'\nprint(s.count('s'))", "", ("s = 'pencil'\nprint({}.count('s'))", "")),
+    ("name_error", "print('planet' + 'river')", "", ("print(planet + 'river')", "")),
+    ("syntax_error", "s = input()\nprint(len(s))", "ab", ("s = input()\nprint(len(s)", "ab")),
+    ("attribute_error", "print('planet' + '-' + 'river')", "", ("print('planet'.concat('-', 'river'))", "")),
+    ("attribute_error", "s = 'ab'\nprint(s[::-1])", "", ("s = 'ab'\nprint(s.reverse())", "")),
+    ("eof_error", "s = input()\nprint(s.upper())", "ab", ("s = input()\nprint(s.upper())", "")),
+    ("eof_error", "s = 'ab'\nprint(s.upper())", "", None),
+])
+def test_recovery_mistakes(kind, code, stdin, expected):
+    import random
+
+    from rstar2.data.sft import recovery
+
+    got = recovery.MISTAKES[kind]({"code": code, "stdin": stdin}, random.Random(0))
+    if expected and "{}" in expected[0]:  # the undefined name is drawn: any of the listed ones, never inside quotes
+        assert got is not None and any(got[0] == expected[0].format(n) for n in recovery._OTHER_NAMES)
+    else:
+        assert got == expected

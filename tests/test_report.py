@@ -359,10 +359,10 @@ def test_report_learning_curve_and_ablation(tmp_path):
     assert "| stage1 | 10 | 100 | 30.0 [21.0, 39.0] |" in md and "99.0" not in md
     assert "heldout.jsonl: 1 row(s) repeat an earlier step" in md
     # ablation rows per run and per mode; mode means over seeds (tool-error ratio of positives 0.32 for grpo)
-    assert "| grpo | 1 | 8 | 10.0 [1.0, 19.0] | 30.0 [21.0, 39.0] |" in md
+    assert "| grpo | 1 | 8 (last 3) | 10.0 [1.0, 19.0] | 30.0 [21.0, 39.0] |" in md
     assert "Warning" not in md
     grpo_mean = next(line for line in md.splitlines() if line.startswith("| **grpo mean**"))
-    assert "| 32.0 |" in grpo_mean and "| 25.0 |" in grpo_mean  # err 32 %, end accuracy mean (20+30)/2
+    assert "| 32.0 [" in grpo_mean and "| 25.0 [" in grpo_mean  # err 32 %, end accuracy mean (20+30)/2
 
 
 def test_ablation_table_reads_the_evaluation_at_the_last_step_and_names_runs_without_data(tmp_path):
@@ -377,9 +377,9 @@ def test_ablation_table_reads_the_evaluation_at_the_last_step_and_names_runs_wit
     report.run(_rp(), {"ablation": runs}, str(out))
     md, _ = _check_outputs(out)
     # seed 0 was never evaluated at its last step (6): its end column is empty, not step 0's 10 %
-    assert "| grpo | 0 | 6 | 10.0 [1.0, 19.0] | – |" in md
-    assert "| grpo | 1 | 6 | 10.0 [1.0, 19.0] | 40.0 [31.0, 49.0] |" in md
-    assert "reward % (last 6 steps)" in md
+    assert "| grpo | 0 | 6 (last 2) | 10.0 [1.0, 19.0] | – |" in md
+    assert "| grpo | 1 | 6 (last 2) | 10.0 [1.0, 19.0] | 40.0 [31.0, 49.0] |" in md
+    assert "training reward % (last third)" in md
     grpo_mean = next(line for line in md.splitlines() if line.startswith("| **grpo mean**"))
     assert "| 10.0 | 40.0 |" in grpo_mean
     assert "no steps logged yet by grpo-seed2" in md

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rstar2 import chat
+from rstar2 import rollout as rollout_lib
 from rstar2.rl import trainer as rl_trainer
 from rstar2.rl.trainer import PenaltyConfig, RolloutFunc, build_batch, step_metrics, trajectory_penalties
 from rstar2.rollout import RolloutConfig, Trajectory
@@ -92,10 +93,10 @@ def test_all_equal_group_leaves_the_update(qwen_tokenizer, tmp_path):
 def test_penalties_from_real_trajectories_status_and_substring(qwen_tokenizer, tmp_path):
     """A failing call ('print(x)' -> NameError) counts as an error under both definitions."""
     tok = qwen_tokenizer
-    fn = RolloutFunc({Q: {"id": "p1", "answer": "42"}}, RolloutConfig(max_response_tokens=300, batch_size=1),
-                     group_size=1, oversample=1, mode="grpo", positive_selection="topk", seed=0,
-                     out_dir=str(tmp_path))
-    (t,), _ = fn([Q], _fake_trainer(CyclingModel(tok, [BAD_CALL, CALL, RIGHT]), tok))
+    # the rollout layer directly: a group of one has equal rewards, so RolloutFunc would drop it (issue 23)
+    (t,) = rollout_lib.run_rollouts(CyclingModel(tok, [BAD_CALL, CALL, RIGHT]), tok,
+                                    [{"id": "p1", "problem": Q, "answer": "42"}],
+                                    RolloutConfig(max_response_tokens=300, batch_size=1), answer_type="integer")
     assert [c["status"] for c in t.tool_calls] == ["error", "ok"] and t.reward == 1.0
     texts = rl_trainer.tool_response_texts(t, tok)
     assert len(texts) == 2 and "NameError" in texts[0] and "42" in texts[1]

@@ -191,7 +191,7 @@ def _traj(reward):
     return SimpleNamespace(reward=reward)
 
 
-def test_select_drops_equal_groups_in_roc_and_keeps_them_in_grpo():
+def test_select_drops_equal_groups_in_both_modes():
     groups = [[_traj(1)] * 4, [_traj(0)] * 4, [_traj(r) for r in (1, 0, 0, 1)]]
     pens = [[(0.0, 0.0)] * 4] * 3
     res = select(groups, pens, 2, "grpo_roc", "topk", 1e-3, random.Random(0))
@@ -202,7 +202,22 @@ def test_select_drops_equal_groups_in_roc_and_keeps_them_in_grpo():
     # advantages over the kept pair only: mean 0.5, unbiased std sqrt(0.5)
     a = 0.5 / (math.sqrt(0.5) + 1e-6)
     assert res[2].advantages == pytest.approx([a if r else -a for r in kept_rewards])
+    # grpo (issue 23): equal-reward groups leave the update too, so they do not grow the loss's token count
     res = select(groups, pens, 4, "grpo", "topk", 1e-3, random.Random(0))
-    assert [r.kept for r in res] == [[0, 1, 2, 3]] * 3 and not any(r.dropped for r in res)
-    assert res[0].advantages == res[1].advantages == [0.0] * 4
+    assert [r.kept for r in res] == [[], [], [0, 1, 2, 3]] and [r.dropped for r in res] == [True, True, False]
+    assert res[0].advantages == res[1].advantages == []
     assert res[2].advantages == pytest.approx([0.5 / (1 / math.sqrt(3) + 1e-6) * s for s in (1, -1, -1, 1)])
+
+
+def test_kept_for_update_is_one_rule_for_both_modes():
+    """grpo keeps a mixed group whole; grpo_roc with as many drawn as kept keeps the same rollouts; an
+    equal-reward group enters neither; an unknown mode is an error."""
+    rewards, pens = [1, 0, 1, 0, 0, 1], [0.0, 0.0, 0.5, 0.0, 0.0, 1.0]
+    for mode in roc.MODES:
+        assert roc.kept_for_update(rewards, pens, 6, mode, random.Random(1)) == list(range(6))
+        assert roc.kept_for_update([1.0] * 6, pens, 6, mode, random.Random(1)) == []
+        assert roc.kept_for_update([0.0] * 6, pens, 3, mode, random.Random(1)) == []
+    assert len(roc.kept_for_update(rewards, pens, 3, "grpo_roc", random.Random(1))) == 3
+    assert roc.kept_for_update(rewards, pens, 3, "grpo", random.Random(1)) == list(range(6))  # grpo draws G
+    with pytest.raises(ValueError, match="mode must be one of"):
+        roc.kept_for_update(rewards, pens, 3, "ppo", random.Random(1))

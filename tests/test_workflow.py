@@ -72,7 +72,7 @@ def test_learning_and_ablation_configs_plan_stage1_only_and_every_run(workdir):
     assert jobs == {"base_model": 1, "sft_data": 1, "sft": 1, "rl_candidates": 1, "rl_data": 1, "rl_stage1": 1,
                     "report": 1, "all": 1}
     jobs = planned_jobs(workdir, "configs/cpu-learning.yaml", "configs/cpu-ablation.yaml")
-    assert jobs["rl_ablation"] == 4 and "rl_stage2" not in jobs and "hard_problems" not in jobs
+    assert jobs["rl_ablation"] == 6 and "rl_stage2" not in jobs and "hard_problems" not in jobs
 
 
 def test_an_ablation_without_seeds_or_modes_is_an_error(workdir, tmp_path):

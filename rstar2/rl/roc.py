@@ -168,6 +168,37 @@ def select_group(rewards: list[float], penalties: list[float], keep: int, rng: r
     return sorted(kept)
 
 
+MODES = ("grpo_roc", "grpo")
+
+
+def kept_for_update(rewards: list[float], penalties: list[float], keep: int, mode: str, rng: random.Random,
+                    positive_selection: str = "inverse_prob", eps: float = 1e-3) -> list[int]:
+    """Indices (sorted) of one group's rollouts that enter the policy update, in either mode (spec §1.3-1.4).
+
+    A group whose rewards are all equal enters in neither mode: every advantage would be 0, so it adds nothing
+    to the gradient, only tokens to the dapo loss's denominator (``num_items_in_batch``, a token mean over
+    the batch). Keeping such groups in GRPO but not in GRPO-RoC (as before issue 23) gave GRPO a smaller
+    effective learning rate whenever a step had a uniform group, so the ablation compared two step sizes as
+    well as two selection rules. Otherwise ``"grpo"`` keeps every rollout (it draws G, "GRPO with Tool",
+    paper §5.3) and ``"grpo_roc"`` down-samples to ``keep`` with :func:`select_group`.
+
+    Args:
+        rewards: one reward per drawn rollout. penalties: p_total per rollout (used by grpo_roc only).
+        keep: G. mode: one of :data:`MODES`. rng, positive_selection, eps: as in :func:`select_group`.
+    Returns:
+        ``[]`` for an equal-reward group; all indices (grpo); ``min(keep, len(rewards))`` indices (grpo_roc).
+    Raises:
+        ValueError: unknown mode (and :func:`select_group`'s errors).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if rewards_equal(rewards):
+        return []
+    if mode == "grpo":
+        return list(range(len(rewards)))
+    return select_group(rewards, penalties, keep, rng, positive_selection, eps)
+
+
 def group_advantages(rewards: list[float]) -> list[float]:
     """GRPO outcome advantages over one (selected) group: (r - mean) / (std + 1e-6) (paper Eq. 7; spec §1.6).
 

@@ -60,7 +60,7 @@ def trajectory_penalties(t: rollout_lib.Trajectory, tok, pcfg: PenaltyConfig) ->
 class GroupResult:
     """One prompt's rollouts: all drawn trajectories, their penalties, the kept indices and advantages.
 
-    kept is empty when the group was removed (all rewards equal, GRPO-RoC only); advantages[j] belongs to
+    kept is empty when the group was removed (all rewards equal, either mode); advantages[j] belongs to
     trajs[kept[j]]."""
     trajs: list
     penalties: list[tuple[float, float]]
@@ -73,19 +73,15 @@ def select(groups: list[list[rollout_lib.Trajectory]], penalties: list[list[tupl
            mode: str, positive_selection: str, eps: float, rng: random.Random) -> list[GroupResult]:
     """Step A (drop equal-reward groups) and Step B (RoC 2G -> G) per group, then advantages over the kept.
 
-    ``mode="grpo"`` keeps every rollout of every group (plain GRPO: an equal-reward group stays with zero
-    advantage, as in standard GRPO); ``mode="grpo_roc"`` removes equal-reward groups and down-samples the rest.
+    Both modes drop equal-reward groups (``roc.kept_for_update``: the same loss normalisation, issue 23);
+    ``mode="grpo"`` keeps every rollout of the other groups, ``mode="grpo_roc"`` down-samples them.
     """
     out = []
     for g, pens in zip(groups, penalties):
         rewards = [t.reward for t in g]
-        if mode == "grpo":
-            kept, dropped = list(range(len(g))), False
-        elif roc.rewards_equal(rewards):
-            kept, dropped = [], True
-        else:
-            kept = roc.select_group(rewards, [a + b for a, b in pens], G, rng, positive_selection, eps)
-            dropped = False
+        # issue 23: one rule for both modes (was: grpo kept equal-reward groups, growing the loss's token count)
+        kept = roc.kept_for_update(rewards, [a + b for a, b in pens], G, mode, rng, positive_selection, eps)
+        dropped = roc.rewards_equal(rewards)
         adv = roc.group_advantages([rewards[i] for i in kept])
         out.append(GroupResult(g, pens, kept, adv, dropped))
     return out

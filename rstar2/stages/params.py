@@ -286,7 +286,7 @@ def label_verification(config: dict) -> LabelVerificationParams:
 
 def rl(config: dict, stage: str, ablation: tuple[str, int] | None = None) -> RLParams:
     """One RL stage's params; ``ablation`` = (mode, seed) gives an ablation run of stage 1: that mode and seed,
-    and the ablation's own steps and held-out settings where set."""
+    and the ablation's own steps, token and turn budget and held-out settings where set."""
     rl, ab = config["rl"], config["ablation"]
     st = rl["stages"][stage]
     ho = dict(rl["heldout"])
@@ -295,6 +295,8 @@ def rl(config: dict, stage: str, ablation: tuple[str, int] | None = None) -> RLP
         # name stays rl_stage1: the data order derives from (seed, name), so both modes see the same prompts
         mode, seed, steps = ablation[0], int(ablation[1]), ab["steps"] or steps
         ho.update({k: ab[f"heldout_{k}"] for k in ("every", "limit") if ab[f"heldout_{k}"] is not None})
+        # the ablation's own token and turn budget (issue 23: a recovered trajectory needs room for two calls)
+        st = {**st, **{k: ab[k] for k in ("max_response_tokens", "max_turns") if ab[k] is not None}}
     heldout = None
     if ho["benchmark"]:
         heldout = HeldoutParams(benchmark=ho["benchmark"], spec=config["benchmarks"][ho["benchmark"]],

@@ -3,7 +3,7 @@
 The paper's cold start teaches instruction following, JSON function calling and basic coding-tool use, and
 deliberately contains **no math reasoning traces**. Its data was not released; ``sft_data.sources`` lists what
 goes in instead: local files or hub datasets in one of the formats of :mod:`rstar2.data.sft` (OpenAI
-``messages``, ``sharegpt``/glaive, ``alpaca``, ``toolformer``), or generated rows (``generate: string_tools``).
+``messages``, ``sharegpt``/glaive, ``alpaca``, ``toolformer``), or generated rows (``generate: string_tools`` or ``recovery``).
 The bundled default (data/sft/SOURCE.md): LLaMA-Factory's glaive demo (JSON function calling), GPTeacher
 Toolformer python rows (real calls of our code tool whose responses come from running the code in the
 sandbox) and LLaMA-Factory's Alpaca demo (instruction following).

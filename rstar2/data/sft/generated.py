@@ -1,8 +1,7 @@
 """Generated SFT sources: rows made by code instead of read from a file (source key ``generate``, count ``n``).
 
 ``GENERATORS`` maps a kind to ``fn(n, ctx) -> [(row_id, Pending)]``; the stage runs their sandbox jobs and
-drops like any source's. To add a kind (a later issue adds "recovery" demonstrations, in which a first tool
-call fails and a corrected one succeeds), write such a function and register it here and in the schema's
+drops like any source's. To add a kind, write such a function and register it here and in the schema's
 ``sft_source.generate`` enum.
 
 * ``string_tools`` (:mod:`rstar2.data.string_tools`): string-manipulation tasks solved through the python
@@ -10,6 +9,9 @@ call fails and a corrected one succeeds), write such a function and register it 
   offered) and end in ``<answer>\\boxed{output}</answer>``, so the cold start teaches the exact format RL
   rewards, without any math. The code runs in the sandbox; a task whose output differs from the expected one
   is dropped (``unexpected_output``).
+* ``recovery`` (:mod:`.recovery`): the same kind of string tasks, but the first call fails for a real reason
+  (NameError, SyntaxError, AttributeError, EOFError), the model reads the real traceback, and a corrected call
+  succeeds (issue 23: gives GRPO-RoC correct trajectories with failed calls to choose between).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Callable
 from ... import chat, sandbox
 from .. import string_tools
 from .common import R_CALL_PY, Context, Drop, Pending, answer, assistant, rng
+from .recovery import recovery_rows
 
 R_STRING_ANSWER = (
     "The tool printed the result.",
@@ -45,4 +48,5 @@ def string_tools_rows(n: int, ctx: Context) -> list[tuple[str, Pending]]:
     return out
 
 
-GENERATORS: dict[str, Callable[[int, Context], list[tuple[str, Pending]]]] = {"string_tools": string_tools_rows}
+GENERATORS: dict[str, Callable[[int, Context], list[tuple[str, Pending]]]] = {"string_tools": string_tools_rows,
+                                                                             "recovery": recovery_rows}

@@ -9,7 +9,7 @@ A source spec (config ``sft_data.sources[]``; ``workflow/schemas/config.schema.y
     path        a jsonl/json/parquet/csv file (relative to the run folder) or "hub:<id>" (config, split);
                 file_type overrides the type the extension gives
     format      messages | sharegpt | alpaca | toolformer  (FORMATS; each module documents its fields)
-    generate    string_tools (GENERATORS) with n rows, instead of path and format
+    generate    string_tools or recovery (GENERATORS) with n rows, instead of path and format
     fields      {role: column or dotted path, or null = unmapped}: renames the format's columns
     filters     {column: value or [values]}   limit: rows read (a seeded sample; null = all; 0 = skip)
     python_tool the data's name for its Python tool; execute: re-run those calls (toolformer: required)
