@@ -23,27 +23,34 @@ def process_state(dist: dict | None = None):
     """
     from accelerate import PartialState
 
-    return PartialState(cpu=(dist or {}).get("device", "cpu") == "cpu")
+    return PartialState(cpu=_need(dist, "device")["device"] == "cpu")
+
+
+def _need(section: dict, *keys: str) -> dict:
+    """``section`` itself, once it has every key: the stage's params carry each one, defaulted by the config
+    schema (the one place defaults live), so a missing key is a caller's bug, named here."""
+    missing = [k for k in keys if k not in section]
+    if missing:
+        raise ValueError(f"distributed settings lack {missing} (have {sorted(section)}): pass the stage's "
+                         "complete `trainer` / `rollout` params")
+    return section
 
 
 def trainer_kwargs(dist: dict | None) -> dict:
     """transformers ``TrainingArguments`` fields for a stage's ``trainer`` params (the ``distributed`` section).
 
-    dist keys: device ("cpu" | "cuda"), bf16 (False | True | "force"), gradient_checkpointing (bool); None or {} =
-    the CPU defaults.
+    dist keys (all required): device ("cpu" | "cuda"), bf16 (False | True | "force"), gradient_checkpointing (bool).
     Raises:
-        ValueError: unknown device or bf16 setting.
+        ValueError: a missing key, an unknown device or bf16 setting.
     bf16 on CPU is torch.autocast mixed precision (float32 master weights), about 2x faster training on CPUs
     with AMX / AVX512-BF16; ``True`` gives bf16 only where the device has native bf16 and float32 elsewhere, with
     a one-line notice (``rstar2.precision.training``); the default CPU run stays float32 (exact tests).
     """
-    dist = dist or {}
-    device = dist.get("device", "cpu")
+    device = _need(dist, "device", "bf16", "gradient_checkpointing")["device"]
     if device not in DEVICES:
         raise ValueError(f"distributed.device must be one of {DEVICES}, got {device!r}")
-    bf16 = precision.training(dist.get("bf16", False), device).bf16
-    return {"use_cpu": device == "cpu", "bf16": bf16,
-            "gradient_checkpointing": bool(dist.get("gradient_checkpointing", False))}
+    bf16 = precision.training(dist["bf16"], device).bf16
+    return {"use_cpu": device == "cpu", "bf16": bf16, "gradient_checkpointing": bool(dist["gradient_checkpointing"])}
 
 
 def vllm_kwargs(rollout: dict, dist: dict | None) -> dict:
@@ -56,21 +63,19 @@ def vllm_kwargs(rollout: dict, dist: dict | None) -> dict:
     Raises:
         ValueError: engine "vllm"/"server" with distributed.device "cpu" (TRL's vLLM paths need CUDA).
     """
-    engine = rollout.get("engine", "hf")
+    engine = _need(rollout, "engine")["engine"]
     if engine == "hf":
         return {"use_vllm": False}
-    dist = dist or {}
-    if dist.get("device", "cpu") != "cuda":
+    if _need(dist, "device", "vllm")["device"] != "cuda":
         raise ValueError(f"rollout.engine {engine!r} in an RL stage needs distributed.device: cuda")
-    v = dist.get("vllm") or {}
+    v = _need(dist["vllm"], "gpu_memory_utilization", "enable_sleep_mode", "max_model_length", "server_timeout_s")
     kw = {"use_vllm": True, "vllm_importance_sampling_correction": False,
-          "vllm_gpu_memory_utilization": v.get("gpu_memory_utilization", 0.3),
-          "vllm_enable_sleep_mode": bool(v.get("enable_sleep_mode", False)),
-          "vllm_max_model_length": v.get("max_model_length"), "vllm_tensor_parallel_size": 1}
+          "vllm_gpu_memory_utilization": v["gpu_memory_utilization"],
+          "vllm_enable_sleep_mode": bool(v["enable_sleep_mode"]),
+          "vllm_max_model_length": v["max_model_length"], "vllm_tensor_parallel_size": 1}
     if engine == "vllm":
         return {**kw, "vllm_mode": "colocate"}
-    urls = rollout.get("server_urls") or []
+    urls = _need(rollout, "server_urls")["server_urls"]
     if not urls:
         raise ValueError("rollout.engine 'server' needs rollout.server_urls (the trl vllm-serve address)")
-    return {**kw, "vllm_mode": "server", "vllm_server_base_url": urls[0],
-            "vllm_server_timeout": v.get("server_timeout_s", 240.0)}
+    return {**kw, "vllm_mode": "server", "vllm_server_base_url": urls[0], "vllm_server_timeout": v["server_timeout_s"]}

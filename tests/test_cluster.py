@@ -138,7 +138,7 @@ def test_rl_vllm_arguments_from_the_paper_rule(slurm_jobs):
     with pytest.raises(ValueError, match="needs distributed.device: cuda"):
         distributed.vllm_kwargs(params["rollout"], {**params["trainer"], "device": "cpu"})
     with pytest.raises(ValueError, match="server_urls"):
-        distributed.vllm_kwargs({"engine": "server", "server_urls": []}, params["trainer"])
+        distributed.vllm_kwargs({**params["rollout"], "engine": "server", "server_urls": []}, params["trainer"])
 
 
 def test_sft_trainer_arguments_from_the_paper_rule(slurm_jobs, tmp_path):

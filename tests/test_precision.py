@@ -68,19 +68,24 @@ def test_the_probe_of_this_machine_agrees_with_its_cpu_flags():
         assert why, "a fallback must say why"
 
 
+def _dist(bf16) -> dict:
+    """A stage's complete ``trainer`` settings with ``bf16``."""
+    return {"device": "cpu", "bf16": bf16, "gradient_checkpointing": False}
+
+
 # ---- training: distributed.bf16 --------------------------------------------------------------------------------
 
 def test_training_bf16_with_native_support_is_bf16_without_notice(probe, capsys):
     probe(True)
-    assert distributed.trainer_kwargs({"bf16": True})["bf16"] is True
+    assert distributed.trainer_kwargs(_dist(True))["bf16"] is True
     assert precision.training(True, "cpu").ran == "bf16 (this CPU has avx512_bf16)"
     assert capsys.readouterr().out == ""
 
 
 def test_training_bf16_without_native_support_runs_float32_and_says_so_once(probe, capsys):
     probe(False)
-    assert distributed.trainer_kwargs({"bf16": True})["bf16"] is False
-    assert distributed.trainer_kwargs({"bf16": True})["bf16"] is False
+    assert distributed.trainer_kwargs(_dist(True))["bf16"] is False
+    assert distributed.trainer_kwargs(_dist(True))["bf16"] is False
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith("[precision] distributed.bf16: float32, not bf16: this CPU has "
                                                    "no native bf16"), lines
@@ -89,13 +94,14 @@ def test_training_bf16_without_native_support_runs_float32_and_says_so_once(prob
 
 def test_training_force_and_false(probe, capsys):
     probe(False)
-    assert distributed.trainer_kwargs({"bf16": "force"})["bf16"] is True
+    assert distributed.trainer_kwargs(_dist("force"))["bf16"] is True
     assert "[precision] distributed.bf16: bf16, forced" in capsys.readouterr().out
     probe(True)
-    assert distributed.trainer_kwargs({"bf16": False})["bf16"] is False
-    assert distributed.trainer_kwargs(None)["bf16"] is False
+    assert distributed.trainer_kwargs(_dist(False))["bf16"] is False
+    with pytest.raises(ValueError, match=r"distributed settings lack \['bf16'\]"):
+        distributed.trainer_kwargs({"device": "cpu", "gradient_checkpointing": False})
     with pytest.raises(ValueError, match=r"distributed.bf16 must be one of \[False, True, 'force'\], got 1"):
-        distributed.trainer_kwargs({"bf16": 1})
+        distributed.trainer_kwargs(_dist(1))
 
 
 # ---- rollouts: rollout.precision -------------------------------------------------------------------------------

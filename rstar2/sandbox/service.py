@@ -38,82 +38,17 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
-import queue
-import threading
 import time
 import uuid
 
 from .pool import Pool
-from .results import ExecResult, SandboxLimits
+from .results import SandboxLimits
+# cap_limits and judge_result: re-exported, the service's wire as callers of this module know it
+from .wire import (BACKOFF_S, BLOCK_S, DEFAULT_GRACE_S, QUEUE_KEY, REPLY_PREFIX, SOCKET_TIMEOUT_S,  # noqa: F401
+                   cap_limits, failure_result, judge_result, parse_limits)
+from .worker import run_worker  # noqa: F401  (the worker role of main; re-exported for callers of this module)
 
 log = logging.getLogger("rstar2.sandbox")
-QUEUE_KEY = "rstar2:sandbox:queue"
-REPLY_PREFIX = "rstar2:sandbox:reply:"
-RESULT_TTL_S = 3600
-DEFAULT_GRACE_S = 60.0
-# redis-py (>= 6) gives every read a 5 s socket timeout by default; a blocking command that waits longer
-# fails with TimeoutError. So every blocking read here waits at most BLOCK_S, well inside SOCKET_TIMEOUT_S.
-BLOCK_S = 1
-SOCKET_TIMEOUT_S = 10.0
-BACKOFF_S = (0.5, 10.0)  # first and largest pause before reconnecting to Redis
-LIMIT_TYPES = {f.name: type(f.default) for f in dataclasses.fields(SandboxLimits)}
-
-
-def judge_result(sub_id: str, res: ExecResult) -> dict:
-    """An ExecResult in code-judge's SubmissionResult shape (plus ``status`` and ``exit_code``).
-
-    reason: ``worker_timeout`` for a timeout; ``internal_error`` for a failure that is not the code's own
-    (status ``error`` with no exit code: the pool lost the call, e.g. its zygote crashed); otherwise ``""``.
-    """
-    if res.status == "timeout":
-        reason = "worker_timeout"
-    elif res.status == "error" and res.exit_code is None:
-        reason = "internal_error"
-    else:
-        reason = ""
-    return {"sub_id": sub_id, "success": res.status == "ok", "run_success": res.exit_code == 0,
-            "cost": res.duration_s, "stdout": res.stdout, "stderr": res.stderr, "reason": reason,
-            "status": res.status, "exit_code": res.exit_code}
-
-
-def failure_result(sub_id: str, why: str) -> dict:
-    """The result of a call the service could not run or answer (reason ``internal_error``)."""
-    return judge_result(sub_id, ExecResult("error", None, "", why, 0.0))
-
-
-def parse_limits(raw, where: str) -> dict:
-    """Check a submission's optional ``limits`` object; returns it as a dict (``{}`` for None).
-
-    Fields are those of :class:`SandboxLimits`, each a positive number (an integer for the integer fields).
-    Raises ValueError naming ``where`` and the field for anything else.
-    """
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where} must be an object with fields of SandboxLimits ({', '.join(LIMIT_TYPES)})")
-    for k, v in raw.items():
-        typ = LIMIT_TYPES.get(k)
-        if typ is None:
-            raise ValueError(f"{where}.{k}: unknown limit; expected one of {', '.join(LIMIT_TYPES)}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf or \
-                (typ is int and not float(v).is_integer()):
-            raise ValueError(f"{where}.{k} must be a positive {typ.__name__}, got {v!r}")
-    return dict(raw)
-
-
-def cap_limits(requested: dict, maxima: SandboxLimits) -> SandboxLimits:
-    """The limits a worker applies: each field of ``requested`` capped at ``maxima`` (a field left out, or
-    one that is not a number, gets the maximum; unknown fields are ignored)."""
-    out = {}
-    for name, typ in LIMIT_TYPES.items():
-        top = getattr(maxima, name)
-        v = requested.get(name)
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
-        out[name] = typ(min(v, top)) if ok else top
-    return SandboxLimits(**out)
-
-
 class _Replies:
     """The API process's result channel: one Redis list read by one ``BLPOP`` loop, which resolves the
     asyncio Future of each awaited job id. Results for ids nobody awaits (a request that gave up) are
@@ -262,112 +197,6 @@ def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: flo
                     log.warning("sandbox API: could not remove %d abandoned jobs (%r); they expire", len(late), e)
 
     return app
-
-
-def _publish(r, out: queue.Queue, stop: threading.Event) -> None:
-    """Push finished results (``(reply_key, message)`` from ``out``) to Redis, retrying through outages;
-    runs until ``stop`` is set and ``out`` is empty."""
-    from redis.exceptions import RedisError
-
-    pause = BACKOFF_S[0]
-    while not (stop.is_set() and out.empty()):
-        try:
-            key, msg = out.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        while True:
-            try:
-                with r.pipeline(transaction=False) as p:
-                    p.rpush(key, msg).expire(key, RESULT_TTL_S).execute()
-                pause = BACKOFF_S[0]
-                break
-            except RedisError as e:
-                if stop.is_set():
-                    log.warning("sandbox worker: result dropped at shutdown, Redis unavailable (%s)", e)
-                    break
-                log.warning("sandbox worker: cannot publish a result, Redis unavailable (%s: %s); retrying in "
-                            "%.1f s", type(e).__name__, e, pause)
-                stop.wait(pause)
-                pause = min(2 * pause, BACKOFF_S[1])
-
-
-def run_worker(redis_url: str, pool: Pool, stop: threading.Event | None = None, max_in_flight: int | None = None,
-               maxima: SandboxLimits | None = None) -> None:
-    """Pop jobs from the queue and run them in ``pool`` until ``stop`` is set; results go to each job's
-    reply list. Blocks the calling thread.
-
-    max_in_flight: jobs taken at once (default: the pool's zygotes × slots); maxima: per-field caps on the
-    limits a job asks for (default: ``pool.limits``, i.e. the worker's ``--timeout-s`` / ``--memory-mb``).
-    A job whose API has given up (past its ``expires``, by Redis's clock) is dropped unrun. Redis errors
-    never end the loop: it logs, backs off (0.5 s doubling to 10 s) and reconnects, keeping ``pool``.
-    Results still being published when ``stop`` is set are flushed by a background thread.
-    """
-    import redis
-    from redis.exceptions import RedisError
-
-    r = redis.Redis.from_url(redis_url, socket_timeout=SOCKET_TIMEOUT_S)
-    maxima = maxima or pool.limits
-    cap = max_in_flight or len(pool.workers) * pool.slots
-    slots = threading.Semaphore(cap)
-    stop = stop or threading.Event()
-    out: queue.Queue = queue.Queue()
-    threading.Thread(target=_publish, args=(r, out, stop), daemon=True, name="sandbox-publish").start()
-
-    def answer(job, res: ExecResult):
-        out.put((job["reply"], json.dumps({"id": job["id"], "result": judge_result(job["id"], res)})))
-        slots.release()
-
-    def done(job, fut):
-        try:
-            res = fut.result()
-        except Exception as e:  # the pool never fails a call, but never lose the answer either
-            res = ExecResult("error", None, "", f"sandbox worker failed: {e!r}", 0.0)
-        answer(job, res)
-
-    pause = BACKOFF_S[0]
-    while not stop.is_set():
-        if not slots.acquire(timeout=0.5):
-            continue
-        try:
-            got = r.bzpopmin(QUEUE_KEY, timeout=BLOCK_S)
-            if got is not None:
-                now_s, now_us = r.time()
-            pause = BACKOFF_S[0]
-        except RedisError as e:
-            slots.release()
-            log.warning("sandbox worker: Redis unavailable (%s: %s); retrying in %.1f s", type(e).__name__, e,
-                        pause)
-            r.connection_pool.disconnect(inuse_connections=False)  # idle ones are stale too
-            stop.wait(pause)
-            pause = min(2 * pause, BACKOFF_S[1])
-            continue
-        if got is None:
-            slots.release()
-            continue
-        try:
-            job = json.loads(got[1])
-            code, _, _ = job["code"], job["reply"], job["id"]  # without a reply list and id it cannot be answered
-        except (ValueError, KeyError, TypeError) as e:
-            slots.release()
-            log.error("sandbox worker: dropped a malformed job (%r): %.200s", e, got[1])
-            continue
-        if job.get("expires") is not None and now_s + now_us / 1e6 > job["expires"]:
-            slots.release()
-            log.info("sandbox worker: dropped job %s, its API stopped waiting", job.get("id"))
-            continue
-        try:
-            lim = cap_limits(job.get("limits") or {}, maxima)
-        except ValueError as e:  # a producer other than our API sent limits SandboxLimits refuses
-            answer(job, ExecResult("error", None, "", f"sandbox worker refused the job's limits: {e}", 0.0))
-            continue
-        try:
-            fut = pool.submit(code, job.get("stdin") or "", lim)
-        except RuntimeError as e:  # no zygote could be started (or the pool is closing): answer, keep going
-            log.error("sandbox worker: pool refused a call (%s)", e)
-            answer(job, ExecResult("error", None, "", f"sandbox worker failed: {e}", 0.0))
-            stop.wait(pause)
-            continue
-        fut.add_done_callback(lambda f, job=job: done(job, f))
 
 
 def main(argv=None):
