@@ -144,3 +144,24 @@ def test_hf_engine_reuses_a_trajectorys_cache_across_turns_with_the_same_tokens(
     for i in range(4):
         cached.release(f"p#{i}")
     assert cached.cached_bytes() == 0
+
+
+def test_distinct_prompts_forward_their_common_prefix_once():
+    """Distinct problems under one system prompt: its KV comes from one forward of the shared prefix, and the
+    greedy tokens equal a whole-prompt prefill's."""
+    model, tok = _model()
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    _stop_after(model, stop, 9)
+    system = tok.encode("You are a helpful assistant. Use the Python tool to compute exact answers, then answer.")
+    prompts = [system + tok.encode(q) for q in ("What is 6 times 7?", "Add 12 and 30.", "Compute 2 ** 10.")]
+    limits = [15, 15, 15]
+    sizes = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: (sizes.append(tuple(kw["input_ids"].shape)), forward(*a, **kw))[1]
+    out = decode_cached(model, [(None, p) for p in prompts], limits, stop, 0, 0.0, 1.0)
+    assert sizes[0] == (1, len(system)) and sizes[1][0] == 3 and sizes[1][1] < max(map(len, prompts)) - 10
+    model.forward = forward
+    assert [g for g, _ in out] == decode_shrinking(model, prompts, limits, stop, 0, 0.0, 1.0)
+    # the KV handed back covers the whole context, as without the shared prefix
+    g, kv = out[1]
+    assert kv.ids == prompts[1] + g[:-1] and kv.n_tokens == len(kv.ids)

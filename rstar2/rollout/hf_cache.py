@@ -6,7 +6,8 @@ prompt. On a CPU that prefill is a large part of a rollout step. Here:
 
 - a row that arrives with ``past`` (the KV of tokens it already holds, from its previous turn) prefills only its
   new tokens (the last sampled token, which was never fed, and the tool response);
-- rows without ``past`` whose contexts are equal (a group's prompt in turn 1) are prefilled once and copied;
+- rows without ``past`` whose contexts are equal (a group's prompt in turn 1) are prefilled once and copied, and
+  distinct prompts forward their common prefix (system prompt and tool schema) once;
 - when a row stops on its stop token, its KV (context + generated tokens but the last) is handed back for the
   next turn. A row cut by its token limit ends its trajectory, so nothing is kept for it.
 
@@ -91,6 +92,31 @@ def _prefill(model, unique: list[tuple[PastKV | None, list[int]]], pad_id: int):
     return out.logits[:, -1, :], kv
 
 
+MIN_SHARED_PREFIX = 16   # tokens; a shorter common prefix of distinct prompts is not worth its own forward
+
+
+def _share_prompt_prefix(model, unique: list[tuple[PastKV | None, list[int]]], pad_id: int):
+    """Distinct prompts (rows without ``past``) that start alike (every rStar2 prompt opens with the same system
+    prompt and tool schema, ~380 tokens) get the KV of their common prefix from one forward of it, as a ``past``:
+    the prefill then forwards only what differs. Keys are computed at the same positions 0..s-1 either way, so the
+    arithmetic is that of a whole-prompt prefill. Fewer than two such rows, or a short prefix: unchanged."""
+    fresh = [u for u, (past, _) in enumerate(unique) if past is None]
+    if len(fresh) < 2:
+        return unique
+    prompts = [unique[u][1] for u in fresh]
+    n = min(len(p) for p in prompts) - 1   # every row keeps at least one token of its own
+    s = next((i for i in range(n) if any(p[i] != prompts[0][i] for p in prompts)), n)
+    if s < MIN_SHARED_PREFIX:
+        return unique
+    prefix = prompts[0][:s]
+    _, (layers,) = _prefill(model, [(None, prefix)], pad_id)
+    past = PastKV(prefix, layers)
+    out = list(unique)
+    for u in fresh:
+        out[u] = (past, unique[u][1][s:])
+    return out
+
+
 @torch.no_grad()
 def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: list[int], stop_id: int, pad_id: int,
                   temperature: float, top_p: float, keep: bool = True,
@@ -122,6 +148,7 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
             unique.append((past, list(new)))
     which = [index[("past", i) if p is not None else ("prompt", tuple(new))] for i, (p, new) in enumerate(rows)]
     with grouped_query_decoding(model):
+        unique = _share_prompt_prefix(model, unique, pad_id)
         logits, kv = _prefill(model, unique, pad_id)
         width = max(len(c) for c in context)
         cache = _left_padded([kv[u] for u in which], width, width + max(limits))
