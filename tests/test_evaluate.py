@@ -239,10 +239,10 @@ def test_a_per_benchmark_limit_overrides_the_global_one(tmp_path, bench_files, s
 
 
 def test_an_integer_limit_in_a_configfile_replaces_the_default_runs_per_benchmark_limits():
-    """config.yaml evaluates 4 IFEval prompts; a --configfile with ``limit: 0`` (the paper's) must evaluate all."""
+    """config.yaml evaluates a few IFEval prompts; a --configfile with ``limit: 0`` (the paper's) must evaluate all."""
     from conftest import workflow_config
 
-    assert workflow_config({}, files=())["evaluate"]["limit"]["ifeval"] == 4
+    assert workflow_config({}, files=())["evaluate"]["limit"]["ifeval"] > 0   # a per-benchmark mapping by default
     params = stage_params("evaluate", overrides={"evaluate": {"limit": 0}}, files=())
     assert params["limit"] == 0 and params["limits"] == {}
     paper = stage_params("evaluate", files=["configs/paper-qwen3-14b.yaml"])
