@@ -139,12 +139,11 @@ def summary(params: dict) -> dict:
     """What a stage's precision settings ran as, for its manifest: ``{"training": ran, "rollout": ran}``, each
     present where ``params`` has a ``trainer`` section (SFT, RL) or an "hf"-engine ``rollout`` section. The
     rollouts run on the training device (RL) or on the CPU (evaluation, mining, label verification)."""
-    trainer = params.get("trainer")
-    device = (trainer or {}).get("device", "cpu")
+    trainer, ro = params.get("trainer"), params.get("rollout")   # sections a stage may not have
+    device = trainer["device"] if trainer is not None else "cpu"
     out = {}
     if trainer is not None:
-        out["training"] = training(trainer.get("bf16", False), device).ran
-    ro = params.get("rollout") or {}
-    if ro.get("engine", "hf") == "hf" and "rollout" in params:
-        out["rollout"] = rollout(ro.get("precision", "fp32"), device).ran
+        out["training"] = training(trainer["bf16"], device).ran
+    if ro is not None and ro["engine"] == "hf":
+        out["rollout"] = rollout(ro["precision"], device).ran
     return out

@@ -158,7 +158,7 @@ def test_summary_names_what_ran(probe):
                            "rollout": {"engine": "hf", "precision": "fp32"}})
     assert s["training"].startswith("float32, not bf16: this CPU has no native bf16") and s["rollout"] == "float32"
     probe(True)
-    assert precision.summary({"rollout": {"precision": "bf16"}}) == {"rollout": "bf16 (this CPU has avx512_bf16)"}
+    assert precision.summary({"rollout": {"engine": "hf", "precision": "bf16"}}) == {"rollout": "bf16 (this CPU has avx512_bf16)"}
     assert precision.summary({"rollout": {"engine": "vllm", "precision": "bf16"}}) == {}
 
 

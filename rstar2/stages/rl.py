@@ -59,7 +59,7 @@ def grpo_config(p: RLParams, output_dir: str, seed: int, num_processes: int = 1)
 
 
 def select_sources(rows: list[dict], sources: list | None, where: str) -> list[dict]:
-    """The rows of the rl_data ``sources`` a stage trains on (``rl.stages.stageN.sources``; None = all rows).
+    """The rows of the rl_data ``sources`` a stage trains on (those whose ``stages`` list the stage; None = all rows).
 
     Raises:
         ValueError: no row comes from those sources (names ``where`` and the sources found in the data).
