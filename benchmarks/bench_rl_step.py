@@ -14,6 +14,10 @@ not assumed).
 
 Prints per path: seconds per step (rollout, update = step - rollout), generated and prefilled tokens, tool calls,
 and old / new ratios. Measure on a quiet machine and say which CPU (lscpu).
+
+``--compare reproducible`` (issue 22) runs the same step work with ``reproducible: false`` ("off": batches as
+requests arrive, the scheduler places by load) and ``true`` ("on": per-engine turn rounds, round-robin placement),
+both on the new path, and also reports how many trajectories repeat between the rounds of each arm.
 """
 
 from __future__ import annotations
@@ -46,13 +50,18 @@ json.dump({"prefilled": [e.prefilled_tokens for e in made]}, open(out + "/engine
 """
 
 
-def _params(config: str, steps: int, new: bool, seed: int, fp32: bool) -> dict:
+# the two arms of each comparison: config overrides (A first)
+ARMS = {"kv": {"old": {"rollout": {"kv_reuse": False}, "distributed": {"shared_prefix": False}},
+               "new": {"rollout": {"kv_reuse": True}, "distributed": {"shared_prefix": True}}},
+        "reproducible": {"off": {"reproducible": False}, "on": {"reproducible": True}}}
+
+
+def _params(config: str, steps: int, arm: dict, seed: int, fp32: bool) -> dict:
     from rstar2.params import to_dict
     from rstar2.stages import params as P
 
     precision = {"rollout": {"precision": "fp32"}, "distributed": {"bf16": False}} if fp32 else {}
-    cfg = P.validated_config(REPO, (config,), (precision, {"seed": seed, "rollout": {"kv_reuse": new},
-                                                           "distributed": {"shared_prefix": new}, "rl": {
+    cfg = P.validated_config(REPO, (config,), (precision, arm, {"seed": seed, "rl": {
         "checkpoint_every": 0, "heldout": {"benchmark": None},
         "stages": {"stage1": {"steps": steps, "sources": None}}}},))
     return to_dict(P.rl(cfg, "stage1"))
@@ -90,6 +99,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare", choices=sorted(ARMS), default="kv",
+                    help="kv: old vs new CPU rollout path (issue 19); reproducible: reproducible false vs true")
     ap.add_argument("--fp32", action="store_true", help="float32 rollouts and update (else the config's precision): "
                     "both paths then sample the same tokens wherever the logits agree to float32 rounding")
     a = ap.parse_args()
@@ -99,11 +110,13 @@ def main() -> None:
         rows = [json.loads(x) for x in Path(REPO / data).read_text().splitlines()]
         data = str(Path(tmp) / "train.jsonl")
         Path(data).write_text("".join(json.dumps({**r, "source": "arith_train"}) + "\n" for r in rows))
-        runs: dict[str, list[dict]] = {"old": [], "new": []}
+        arms = ARMS[a.compare]
+        A, B = list(arms)
+        runs: dict[str, list[dict]] = {A: [], B: []}
         for rnd in range(a.rounds):
-            for path in (("old", "new") if rnd % 2 == 0 else ("new", "old")):
+            for path in ((A, B) if rnd % 2 == 0 else (B, A)):
                 wd = Path(tmp) / f"{path}{rnd}"
-                runs[path].append(run_once(a.model, data, _params(a.config, a.steps, path == "new", a.seed, a.fp32), wd))
+                runs[path].append(run_once(a.model, data, _params(a.config, a.steps, arms[path], a.seed, a.fp32), wd))
                 s = summary(runs[path][-1])
                 print(f"round {rnd} {path}: {s['step_s']:.1f} s/step (rollout {s['rollout_s']:.1f}, update "
                       f"{s['update_s']:.1f}), {s['generated']} generated, {s['prefilled']} prefilled tokens; per step "
@@ -119,13 +132,27 @@ def main() -> None:
         m = means[path]
         print(f"{path:<5} {m['step_s']:6.1f} {m['rollout_s']:10.1f} {m['update_s']:9.1f} {m['generated']:10.0f} "
               f"{m['prefilled']:10.0f} {m['tool_calls']:11.0f} {m['reward']:7.3f}")
-    o, n = means["old"], means["new"]
-    print(f"\nold / new: {o['step_s'] / n['step_s']:.2f}x per step, {o['rollout_s'] / n['rollout_s']:.2f}x rollout, "
+    o, n = means[A], means[B]
+    print(f"\n{A} / {B}: {o['step_s'] / n['step_s']:.2f}x per step, {o['rollout_s'] / n['rollout_s']:.2f}x rollout, "
           f"{o['update_s'] / n['update_s']:.2f}x update, {o['prefilled'] / n['prefilled']:.1f}x prefilled tokens")
-    same = [sum(a_["turns"] == b_["turns"] for a_, b_ in zip(ro["rollouts"], rn["rollouts"])) / len(ro["rollouts"])
-            for ro, rn in zip(runs["old"], runs["new"])]
-    print(f"equal work: {statistics.fmean(same):.0%} of trajectories identical on both paths; generated tokens "
-          f"old {o['generated']:.0f} vs new {n['generated']:.0f}")
+    print(f"equal work: {_same(runs[A], runs[B]):.0%} of trajectories identical in both arms; generated tokens "
+          f"{A} {o['generated']:.0f} vs {B} {n['generated']:.0f}")
+    if a.rounds > 1:
+        for path, rs in runs.items():
+            print(f"repeats: {path}: {_same(rs[:-1], rs[1:]):.0%} of trajectories identical between its rounds, "
+                  f"metrics rows identical (timings aside): {_same_metrics(rs)}")
+
+
+def _same(xs: list[dict], ys: list[dict]) -> float:
+    """Share of trajectories whose turns are identical, pairing runs of ``xs`` and ``ys`` in order."""
+    return statistics.fmean(sum(a_["turns"] == b_["turns"] for a_, b_ in zip(x["rollouts"], y["rollouts"]))
+                            / len(x["rollouts"]) for x, y in zip(xs, ys))
+
+
+def _same_metrics(runs: list[dict]) -> bool:
+    from rstar2.reproduce import first_difference
+
+    return all(first_difference(r["metrics"], runs[0]["metrics"]) is None for r in runs[1:])
 
 
 if __name__ == "__main__":

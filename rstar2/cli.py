@@ -47,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--model", default=None, help="verifier model folder (only when enabled)")
             p.add_argument("--tokenizer", default=None, help="policy model folder whose tokenizer measures prompts "
                                                              "(only with max_prompt_tokens)")
+    _reproduce_parsers(sub)
     a = parser.parse_args(argv)
+    if a.stage in ("compare-runs", "reproduce"):
+        return _reproduce(a)
     try:
         _dispatch(a)
     except (ValueError, FileNotFoundError) as e:
@@ -58,6 +61,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rstar2 {a.stage}: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _reproduce_parsers(sub) -> None:
+    p = sub.add_parser("compare-runs", help="list the artifacts in which two results folders differ (issue 22)",
+                       description="Compare two results folders, ignoring fields that record wall-clock time "
+                                   "(rstar2.reproduce.IGNORED_FIELDS); exit 1 when they differ.")
+    p.add_argument("a", help="results folder of run A")
+    p.add_argument("b", help="results folder of run B")
+    p = sub.add_parser("reproduce", help="run a config twice in scratch copies and compare the results",
+                       description="Run snakemake twice with the same config into WORKDIR/a and WORKDIR/b, then "
+                                   "compare-runs their results folders; exit 1 when they differ.")
+    p.add_argument("--configfile", nargs="*", default=[], help="config files merged over config.yaml")
+    p.add_argument("--workdir", required=True, help="folder for the two scratch copies (created)")
+    p.add_argument("--cores", type=int, default=2, help="snakemake --cores for each run")
+    p.add_argument("targets", nargs="*", help="snakemake targets (default: the whole workflow)")
+
+
+def _reproduce(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import reproduce
+
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        diffs = (reproduce.compare_runs(a.a, a.b) if a.stage == "compare-runs" else
+                 reproduce.run_twice(repo, Path(a.workdir), a.configfile, a.targets, a.cores))
+    except (FileNotFoundError, RuntimeError) as e:
+        print(f"rstar2 {a.stage}: error: {e}", file=sys.stderr)
+        return 2
+    if not diffs:
+        print("[reproduce] identical (ignoring " + ", ".join(sorted(reproduce.IGNORED_FIELDS)) + ")")
+        return 0
+    print(f"[reproduce] {len(diffs)} artifacts differ; the first: {diffs[0]}")
+    for d in diffs[1:]:
+        print(f"  {d}")
+    return 1
 
 
 def _dispatch(a: argparse.Namespace) -> None:

@@ -39,18 +39,22 @@ def _need(section: dict, *keys: str) -> dict:
 def trainer_kwargs(dist: dict | None) -> dict:
     """transformers ``TrainingArguments`` fields for a stage's ``trainer`` params (the ``distributed`` section).
 
-    dist keys (all required): device ("cpu" | "cuda"), bf16 (False | True | "force"), gradient_checkpointing (bool).
+    dist keys (all required): device ("cpu" | "cuda"), bf16 (False | True | "force"), gradient_checkpointing (bool),
+    reproducible (bool: on CUDA, transformers' ``full_determinism``, i.e. ``torch.use_deterministic_algorithms`` and
+    deterministic cuBLAS/cuDNN; on CPU nothing is needed: two same-seed runs already give identical weights, a test,
+    while deterministic mode would fill every new tensor with NaN first).
     Raises:
         ValueError: a missing key, an unknown device or bf16 setting.
     bf16 on CPU is torch.autocast mixed precision (float32 master weights), about 2x faster training on CPUs
     with AMX / AVX512-BF16; ``True`` gives bf16 only where the device has native bf16 and float32 elsewhere, with
     a one-line notice (``rstar2.precision.training``); the default CPU run stays float32 (exact tests).
     """
-    device = _need(dist, "device", "bf16", "gradient_checkpointing")["device"]
+    device = _need(dist, "device", "bf16", "gradient_checkpointing", "reproducible")["device"]
     if device not in DEVICES:
         raise ValueError(f"distributed.device must be one of {DEVICES}, got {device!r}")
     bf16 = precision.training(dist["bf16"], device).bf16
-    return {"use_cpu": device == "cpu", "bf16": bf16, "gradient_checkpointing": bool(dist["gradient_checkpointing"])}
+    return {"use_cpu": device == "cpu", "bf16": bf16, "gradient_checkpointing": bool(dist["gradient_checkpointing"]),
+            "full_determinism": bool(dist["reproducible"]) and device == "cuda"}
 
 
 def vllm_kwargs(rollout: dict, dist: dict | None) -> dict:

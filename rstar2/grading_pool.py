@@ -197,12 +197,13 @@ def grade_many(pairs: list[tuple[str | None, str]], timeout_s: float = 5.0) -> l
     """Grade ``(pred, gold)`` pairs with :func:`rstar2.grading.grade` in killable workers.
 
     Returns one dict per pair, in order: ``{"score": float, "status": "ok" | "timeout" | "error",
-    "seconds": float}`` plus ``"error"`` (message) when status is not ok; timeouts and errors score 0.0.
+    "duration_s": float}`` (grading time) plus ``"error"`` (message) when status is not ok; timeouts and errors
+    score 0.0.
     A bad gold (``ValueError`` from ``grade``) is reported as status ``error``, not raised.
     """
     res = []
     for status, value, secs in _pool().map("grade", [(p, g) for p, g in pairs], timeout_s):
-        d = {"score": float(value) if status == "ok" else 0.0, "status": status, "seconds": round(secs, 4)}
+        d = {"score": float(value) if status == "ok" else 0.0, "status": status, "duration_s": round(secs, 4)}
         if status != "ok":
             d["error"] = str(value)
         res.append(d)
@@ -213,7 +214,7 @@ def score_many(items: list[tuple], timeout_s: float = 5.0) -> list[dict]:
     """:func:`rstar2.grading.score_trajectory` for ``(final_turn, gold)`` or ``(final_turn, gold, answer_type)``
     items in killable workers (answer_type as in :data:`rstar2.grading.ANSWER_TYPES`, default ``"math"``).
 
-    Returns its dicts (``pred``, ``reward``, and ``error`` for a bad gold) plus ``status`` and ``seconds``;
+    Returns its dicts (``pred``, ``reward``, and ``error`` for a bad gold) plus ``status`` and ``duration_s``;
     a timeout or crash gives ``{"pred": None, "reward": 0.0, "status": "timeout" | "error", "error": msg}``.
     """
     res = []
@@ -222,7 +223,7 @@ def score_many(items: list[tuple], timeout_s: float = 5.0) -> list[dict]:
             d = dict(value)
         else:
             d = {"pred": None, "reward": 0.0, "error": str(value)}
-        d.update(status=status, seconds=round(secs, 4))
+        d.update(status=status, duration_s=round(secs, 4))
         res.append(d)
     return res
 
@@ -234,8 +235,8 @@ def check_many(kind: str, items: list[tuple[str, dict]], timeout_s: float = 30.0
 
     Returns:
         Per item, in order: the checker's result dict (``rstar2.grading.ifeval.check`` /
-        ``rstar2.grading.bfcl.check``) plus ``status`` ("ok" | "timeout" | "error") and ``seconds``; a timeout
-        or crash gives ``{"status", "seconds", "error": msg}`` only, which callers score as a failure.
+        ``rstar2.grading.bfcl.check``) plus ``status`` ("ok" | "timeout" | "error") and ``duration_s``; a timeout
+        or crash gives ``{"status", "duration_s", "error": msg}`` only, which callers score as a failure.
     Raises:
         ValueError: an unknown ``kind``.
     """
@@ -246,6 +247,6 @@ def check_many(kind: str, items: list[tuple[str, dict]], timeout_s: float = 30.0
     res = []
     for status, value, secs in _pool().map(kind, [tuple(it) for it in items], timeout_s):
         d = dict(value) if status == "ok" else {"error": str(value)}
-        d.update(status=status, seconds=round(secs, 4))
+        d.update(status=status, duration_s=round(secs, 4))
         res.append(d)
     return res

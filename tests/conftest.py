@@ -1,5 +1,4 @@
 import importlib.util
-import shutil
 from pathlib import Path
 
 import pytest
@@ -8,16 +7,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def copy_workflow(dest: Path) -> Path:
-    """A scratch copy of the workflow in ``dest`` (Snakefile, config, rules, configs, profiles; data and envs
-    linked) for every test that runs Snakemake: a plan made in the repository folder would depend on the
-    user's own ``results/`` (after ``make run`` a finished stage drops out of it; issue 17)."""
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy2(REPO / name, dest / name)
-    for name in ("workflow", "configs", "profiles"):
-        shutil.copytree(REPO / name, dest / name)
-    (dest / "data").symlink_to(REPO / "data")
-    (dest / "envs").symlink_to(REPO / "envs")
-    return dest
+    """A scratch copy of the workflow in ``dest`` (``rstar2.reproduce.scratch_copy``: Snakefile, config, rules,
+    configs, profiles; data and envs linked) for every test that runs Snakemake: a plan made in the repository
+    folder would depend on the user's own ``results/`` (after ``make run`` a finished stage drops out of it;
+    issue 17)."""
+    from rstar2.reproduce import scratch_copy
+
+    return scratch_copy(REPO, dest)
 
 
 @pytest.fixture(scope="session")

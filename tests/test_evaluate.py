@@ -35,7 +35,7 @@ def bench_files(tmp_path):
 def scripted(monkeypatch):
     calls = []
 
-    def fake_run_rollouts(model, tok, problems, cfg, progress=None):
+    def fake_run_rollouts(model, tok, problems, cfg, progress=None, seed=None):
         calls.append(problems)
         out, seen = [], {}
         for p in problems:
@@ -154,7 +154,7 @@ def checked_benchmarks(tmp_path):
 def test_ifeval_and_bfcl_are_checked_by_their_checkers_and_resume(tmp_path, checked_benchmarks, monkeypatch):
     calls = []
 
-    def fake_run_rollouts(model, tok, problems, cfg, progress=None):
+    def fake_run_rollouts(model, tok, problems, cfg, progress=None, seed=None):
         assert cfg.temperature == 0.0 and cfg.max_turns == 1       # the paper's protocol for these: greedy
         calls.append([p["id"] for p in problems])
         out = []

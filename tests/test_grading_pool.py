@@ -14,7 +14,7 @@ def test_grade_many_matches_grade_and_survives_hanging_inputs():
     for (p, g), r in zip(pairs[:4], res[:4]):
         assert r["status"] == "ok" and r["score"] == grading.grade(p, g)
     assert all(r["status"] in ("ok", "timeout") for r in res[4:6])
-    assert all(r["seconds"] <= 2.0 + 1.0 for r in res)
+    assert all(r["duration_s"] <= 2.0 + 1.0 for r in res)
 
 
 def test_bad_gold_is_an_error_not_a_crash():

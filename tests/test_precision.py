@@ -70,7 +70,7 @@ def test_the_probe_of_this_machine_agrees_with_its_cpu_flags():
 
 def _dist(bf16) -> dict:
     """A stage's complete ``trainer`` settings with ``bf16``."""
-    return {"device": "cpu", "bf16": bf16, "gradient_checkpointing": False}
+    return {"device": "cpu", "bf16": bf16, "gradient_checkpointing": False, "reproducible": True}
 
 
 # ---- training: distributed.bf16 --------------------------------------------------------------------------------
@@ -92,13 +92,23 @@ def test_training_bf16_without_native_support_runs_float32_and_says_so_once(prob
     assert "distributed.bf16: force uses it anyway" in lines[0]
 
 
+def test_full_determinism_only_on_cuda_and_only_when_reproducible(probe):
+    """Issue 22: transformers' full_determinism (torch.use_deterministic_algorithms, deterministic cuBLAS) on CUDA;
+    on CPU same-seed runs are already identical (tests/test_reproducible.py) and the mode would only cost time."""
+    probe(True)
+    assert distributed.trainer_kwargs(_dist(False))["full_determinism"] is False
+    assert distributed.trainer_kwargs({**_dist(False), "device": "cuda"})["full_determinism"] is True
+    assert distributed.trainer_kwargs({**_dist(False), "device": "cuda", "reproducible": False})[
+        "full_determinism"] is False
+
+
 def test_training_force_and_false(probe, capsys):
     probe(False)
     assert distributed.trainer_kwargs(_dist("force"))["bf16"] is True
     assert "[precision] distributed.bf16: bf16, forced" in capsys.readouterr().out
     probe(True)
     assert distributed.trainer_kwargs(_dist(False))["bf16"] is False
-    with pytest.raises(ValueError, match=r"distributed settings lack \['bf16'\]"):
+    with pytest.raises(ValueError, match=r"distributed settings lack \['bf16', 'reproducible'\]"):
         distributed.trainer_kwargs({"device": "cpu", "gradient_checkpointing": False})
     with pytest.raises(ValueError, match=r"distributed.bf16 must be one of \[False, True, 'force'\], got 1"):
         distributed.trainer_kwargs(_dist(1))

@@ -43,7 +43,40 @@ RUNNER = textwrap.dedent('''
         time.sleep(0.4)
         return out
 
-    rollout.run_rollouts = fake_run_rollouts
+    def parity_grade(trajs, reward_fn=None, answer_types=None, golds=None):
+        """Real rollouts of a random model never solve anything: reward the parity of the sampled tokens, so
+        groups are mixed, the update is real, and the reward depends on exactly which tokens were sampled."""
+        for t in trajs:
+            t.reward = float(sum(t.response_ids) % 2)
+
+    if os.environ.get("RSTAR2_TEST_REAL_ROLLOUTS"):
+        rollout.grade_all = parity_grade      # run_rollouts looks it up in its module at call time
+    else:
+        rollout.run_rollouts = fake_run_rollouts
+    pause = float(os.environ.get("RSTAR2_TEST_PAUSE_S", "0"))
+    if pause:  # a pause after every step, and a long one after the last checkpoint, so a kill can land there
+        from transformers import TrainerCallback
+        from rstar2.rl import trainer as rl_trainer
+
+        class Pause(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                time.sleep(pause)
+
+            def on_save(self, args, state, control, **kw):
+                if state.global_step == state.max_steps:
+                    time.sleep(120)
+
+        made_pause = rl_trainer.make_trainer_class
+
+        def with_pause():
+            cls = made_pause()
+
+            class Pausing(cls):
+                def __init__(self, *a, callbacks=None, **k):
+                    super().__init__(*a, callbacks=list(callbacks or []) + [Pause()], **k)
+            return Pausing
+
+        rl_trainer.make_trainer_class = with_pause
     params, model, data, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     optimizer_from = sys.argv[5] if len(sys.argv) > 5 else None
     dump = os.environ.get("RSTAR2_TEST_OPTIMIZER_DUMP")
@@ -232,3 +265,52 @@ def test_fingerprint_changes_with_the_reward_code(tmp_path, monkeypatch):
     assert checkpoints.fingerprint(*args) == before
     (pkg / "grading" / "symbolic.py").write_text("# v2: integer answers only\n")
     assert checkpoints.fingerprint(*args) != before
+
+
+REAL = {"RSTAR2_TEST_REAL_ROLLOUTS": "1", "RSTAR2_TEST_PAUSE_S": "1.5"}
+REAL_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def real(setup):
+    """Real rollouts (the tiny model through the agent loop, engine and sandbox client; parity rewards): 4 steps,
+    a checkpoint every 2, and the uninterrupted run they are compared with."""
+    root, params = setup
+    params = {**params, "steps": REAL_STEPS, "checkpoint_every": 2}
+    ref = root / "real-ref" / "stage1"
+    _run(_cmd(root, params, ref), **REAL)
+    return root, params, ref
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_after", ["step1", "checkpoint2", "last_checkpoint"])
+def test_real_rollouts_killed_and_resumed_equal_the_uninterrupted_run(real, kill_after):
+    """Issue 22: kill after step 1 (before any checkpoint: the resume starts over), at the step-2 checkpoint,
+    or after the last step's checkpoint (the resume runs no further step but still writes the model and the
+    manifest); the resumed stage's rollouts, metrics and weights equal the uninterrupted run's, timings aside
+    (rstar2.reproduce.compare_runs)."""
+    from rstar2 import reproduce
+
+    root, params, ref = real
+    out = root / f"real-{kill_after}" / "stage1"
+    ckpts = out.parent / "checkpoints" / "stage1"
+    ready = {"step1": lambda: (out / "metrics.jsonl").exists() and len(_rows(out / "metrics.jsonl")) >= 1,
+             "checkpoint2": lambda: (ckpts / "checkpoint-2" / "rstar2_state.json").exists(),
+             "last_checkpoint": lambda: (ckpts / f"checkpoint-{REAL_STEPS}" / "rstar2_state.json").exists()}[kill_after]
+    proc = subprocess.Popen(_cmd(root, params, out), cwd=REPO, env={**ENV, **REAL}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    kill_group_when(proc, ready, 400, "the stage ended before the kill point", "kill point not reached in time",
+                    poll_s=0.05)
+    assert not (out / "manifest.json").exists(), "killed too late: the stage had finished"
+    killed_at = max(r["step"] for r in _rows(out / "metrics.jsonl"))
+    assert killed_at == {"step1": 1, "checkpoint2": 2, "last_checkpoint": REAL_STEPS}[kill_after]
+
+    resumed = subprocess.run(_cmd(root, params, out), cwd=REPO, env={**ENV, "RSTAR2_TEST_REAL_ROLLOUTS": "1"},
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    start = json.loads((out / "manifest.json").read_text())["counts"]["resumed_from_step"]
+    assert start == {"step1": 0, "checkpoint2": 2, "last_checkpoint": REAL_STEPS}[kill_after]
+    assert resumed.stdout.count("[rl] step ") == REAL_STEPS - start
+    assert [r["step"] for r in _rows(out / "metrics.jsonl")] == list(range(1, REAL_STEPS + 1))
+    assert reproduce.compare_runs(ref, out) == []
+    assert any(not r["update_skipped"] for r in _rows(ref / "metrics.jsonl")), "no real update to compare"

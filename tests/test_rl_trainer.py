@@ -280,14 +280,20 @@ def test_step_metrics_keys_and_values():
     assert m["penalty_pos_kept_mean"] == 0.0 and m["penalty_pos_mean"] == pytest.approx((0.5 + 0 + 4 * 0.5) / 6)
 
 
-def test_rollout_state_round_trip():
+def test_rollout_state_is_the_step_and_streams_derive_from_seed_and_step(monkeypatch):
+    """Issue 22: a resumed stage restores only the step counter; each step's sampling seed and RoC selection
+    stream derive from (seed, step), so they need no saved RNG state, and differ between steps and seeds."""
     fn = RolloutFunc({}, RolloutConfig(), 2, 2, "grpo_roc", "topk", 3, "/nonexistent")
-    fn.rng.random()
     fn.step = 5
     state = json.loads(json.dumps(fn.state_dict()))
-    other = RolloutFunc({}, RolloutConfig(), 2, 2, "grpo_roc", "topk", 99, "/nonexistent")
+    assert state == {"step": 5}
+    other = RolloutFunc({}, RolloutConfig(), 2, 2, "grpo_roc", "topk", 3, "/nonexistent")
     other.load_state_dict(state)
-    assert other.step == 5 and other.rng.random() == fn.rng.random()
+    assert other.step == 5
+    from rstar2 import seeds
+    assert seeds.derive(3, "rollout", 6) == seeds.derive(3, "rollout", 6)
+    assert len({seeds.derive(3, "rollout", 6), seeds.derive(3, "rollout", 7), seeds.derive(4, "rollout", 6),
+                seeds.derive(3, "select", 6)}) == 4
 
 
 class _FixedRollouts:

@@ -9,6 +9,7 @@ import random
 import time
 
 from .. import rollout as rollout_lib
+from .. import seeds
 from ..io import append_jsonl
 from ..memory import release_freed_memory
 from . import roc
@@ -24,7 +25,9 @@ class RolloutFunc:
         rcfg: rollout settings. group_size: G, rollouts kept per prompt. oversample: rollouts drawn per kept
             rollout in grpo_roc (2 in the paper). mode: "grpo_roc" or "grpo" (G drawn, all kept).
         positive_selection: "inverse_prob" or "topk". penalty: p_err/p_format definitions and eps.
-        seed: seeds the selection's random source. out_dir: where rollouts.jsonl is appended.
+        seed: the stage's seed; step s samples its rollouts from ``seeds.derive(seed, "rollout", s)`` and makes its
+            RoC choices with ``random.Random(seeds.derive(seed, "select", s, process index))``, so a resumed
+            stage needs no RNG state but the step counter (issue 22). out_dir: where rollouts.jsonl is appended.
     Raises:
         ValueError: unknown mode or positive_selection.
     """
@@ -41,7 +44,6 @@ class RolloutFunc:
         self.n_draw = group_size * oversample if mode == "grpo_roc" else group_size
         self.mode, self.positive_selection = mode, positive_selection
         self.penalty = penalty or PenaltyConfig()
-        self.rng = random.Random(seed)
         self.out_dir = out_dir
         self.seed = seed
         self.pending: dict | None = None
@@ -50,25 +52,17 @@ class RolloutFunc:
         self.process_index, self.num_processes = 0, 1
 
     def state_dict(self) -> dict:
-        """JSON-serialisable state restored on resume: the step counter and the selection RNG."""
-        version, internal, gauss = self.rng.getstate()
-        return {"step": self.step, "rng": [version, list(internal), gauss]}
+        """JSON-serialisable state restored on resume: the step counter (every random stream derives from it)."""
+        return {"step": self.step}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()``; in a multi-process run each process takes its own RNG (``rng_per_process``,
-        written by RoCGRPOTrainer) when the checkpoint has one for it. Call after ``set_process``."""
-        per = state.get("rng_per_process") or []
-        version, internal, gauss = per[self.process_index] if self.process_index < len(per) else state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
+        """Restore ``state_dict()``."""
         self.step = state["step"]
 
     def set_process(self, index: int, count: int) -> None:
         """Tell the function which of ``count`` training processes it runs in: each process draws its own
-        selection RNG stream (seed + index), so processes do not make the same RoC choices."""
-        if (index, count) == (self.process_index, self.num_processes):
-            return  # already set (rl.run sets it before restoring a checkpoint's RNG; the trainer again)
+        selection stream, so processes do not make the same RoC choices."""
         self.process_index, self.num_processes = index, count
-        self.rng = random.Random(self.seed + index)
 
     def __call__(self, prompts: list, trainer, engines: list | None = None) -> tuple[list, list[float]]:
         """Roll out ``n_draw`` trajectories per distinct prompt (TRL repeats each prompt G times in a row).
@@ -98,12 +92,14 @@ class RolloutFunc:
         kw = {"engines": engines, "central": rollout_lib.central_for_trainer(trainer)} if engines is not None else {}
         # rl_data keeps integer-answer problems only (the paper's curation), so the reward is the integer grader's
         trajs = rollout_lib.run_rollouts(model, tok, problems, self.rcfg, answer_type="integer",
-                                         progress=rollout_lib.Progress(f"rollout step {self.step}"), **kw)
+                                         progress=rollout_lib.Progress(f"rollout step {self.step}"),
+                                         seed=seeds.derive(self.seed, "rollout", self.step), **kw)
         model.train()
         release_freed_memory()
         groups = [trajs[i:i + self.n_draw] for i in range(0, len(trajs), self.n_draw)]
         penalties = [[trajectory_penalties(t, tok, self.penalty) for t in g] for g in groups]
-        results = select(groups, penalties, self.G, self.mode, self.positive_selection, self.penalty.eps, self.rng)
+        rng = random.Random(seeds.derive(self.seed, "select", self.step, self.process_index))
+        results = select(groups, penalties, self.G, self.mode, self.positive_selection, self.penalty.eps, rng)
         self.last_results = results
         stats = [GroupStats.of(r) for r in results]
         records = self._records(results)

@@ -217,9 +217,7 @@ def make_trainer_class():
 
         def _save_checkpoint(self, model, trial):
             super()._save_checkpoint(model, trial)
-            state = self.rollout_fn.state_dict()
-            if self.accelerator.num_processes > 1:  # each process's selection RNG, restored to the same process
-                state["rng_per_process"] = [s["rng"] for s in gather_object([state])]
+            state = self.rollout_fn.state_dict()  # the step counter: every RL stream derives from it (rstar2.seeds)
             if self.accelerator.is_main_process:
                 folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
                 write_json(os.path.join(folder, STATE_FILE), state)

@@ -51,10 +51,11 @@ def run_async(coro):
 _VLLM_CACHE: dict = {}
 
 
-def default_engines(model, tok, cfg: RolloutConfig) -> list:
+def default_engines(model, tok, cfg: RolloutConfig, seed: int | None = None) -> list:
     """The engines ``cfg.engine`` names (see RolloutConfig): "server" = one engine per data-parallel rank of each
     server in ``cfg.server_urls``; "vllm" = an in-process ``vllm.AsyncLLM``, built once per model folder (prefix
-    caching on; log-probabilities of the processed distribution, the one sampled from); "hf" = HFEngine replicas."""
+    caching on; log-probabilities of the processed distribution, the one sampled from); "hf" = HFEngine replicas,
+    sampling from the streams of ``seed`` (None: drawn from torch's global RNG; vLLM and servers ignore it)."""
     stop = [tok.eos_token_id]
     if cfg.engine == "server":
         name = cfg.server_model or model.config._name_or_path
@@ -71,15 +72,21 @@ def default_engines(model, tok, cfg: RolloutConfig) -> list:
     if hasattr(model, "eval"):
         model.eval()
     decoder = inference_copy(model, cfg.precision)
+    if seed is None:
+        import torch
+
+        seed = int(torch.randint(0, 2**62, (1,)))  # one seed for all replicas: a row's stream is its own either way
     return [HFEngine(decoder, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size,
-                     kv_tokens=cfg.kv_cache_tokens, precision=cfg.precision, kv_reuse=cfg.kv_reuse)
+                     kv_tokens=cfg.kv_cache_tokens, precision=cfg.precision, kv_reuse=cfg.kv_reuse, seed=seed,
+                     reproducible=cfg.reproducible)
             for _ in range(cfg.num_engines)]
 
 
 def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=None, *, engines: list | None = None,
                  tools: ToolRunner | None = None,
                  reward_fn: Callable[[str, str], dict] | None = None,
-                 answer_type: str = "math", central: CentralDispatch | None = None) -> list[Trajectory]:
+                 answer_type: str = "math", central: CentralDispatch | None = None,
+                 seed: int | None = None) -> list[Trajectory]:
     """Roll out one trajectory per entry of ``problems`` and grade it.
 
     Args:
@@ -96,22 +103,24 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
         central: several training processes share one scheduler (``central.run_centrally``): every process
             calls with its own problems, process 0 rolls out all of them on ``engines`` (which every process must
             reach, e.g. vLLM servers) and each process gets its own trajectories back.
+        seed: the default engines' sampling seed (``rstar2.seeds.derive`` of the run's seed and what this call
+            is for); trajectory ``<problem id>#<n>`` then samples from its own stream. None: from torch's RNG.
     Returns:
         Trajectories in input order, graded (those without ``answer`` are not graded).
     """
     if central is not None and central.count > 1:
         return run_centrally(problems, lambda every: run_rollouts(
             model, tok, every, cfg, progress, engines=engines, tools=tools, reward_fn=reward_fn,
-            answer_type=answer_type), central)
+            answer_type=answer_type, seed=seed), central)
     owned_tools = tools is None
     if tools is None:
         tools = sandbox.shared_client(cfg.tool.limits())
     if engines is None:
-        engines = default_engines(model, tok, cfg)
+        engines = default_engines(model, tok, cfg, seed)
     agent = AgentLoop(tok, cfg, tools)
     trajs = [agent.new_trajectory(p) for p in problems]
     scheduler = Scheduler(engines, agent, cfg.scheduler, cfg.max_response_tokens, cfg.kv_cache_tokens,
-                          cfg.max_inflight_per_engine)
+                          cfg.max_inflight_per_engine, reproducible=cfg.reproducible)
 
     async def main():
         try:

@@ -10,7 +10,7 @@ Nothing here waits for other trajectories: barriers, if any, belong to the sched
 from __future__ import annotations
 
 import asyncio
-import itertools
+from collections import Counter
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -57,6 +57,8 @@ class RolloutConfig:
     max_calls_per_turn: calls executed per turn (released code: 1); further calls are reported as dropped.
     kv_reuse: "hf" engine: keep each trajectory's KV cache across its turns and prefill a group's equal prompts
         once (False: re-prefill the whole context every turn).
+    reproducible: the same seed gives the same trajectories whatever the timing of tool calls: deterministic
+        placement and admission (scheduler.py) and per-engine turn rounds (engines.BatchingEngine); issue 22.
     precision: "fp32" | "bf16" | "force-bf16" for the "hf" engine (bf16 = a bfloat16 copy of the policy, generated
         under torch.autocast; "bf16" only where the device has native bf16, else float32: rstar2.precision).
     tool: the code tool (``ToolConfig``).
@@ -76,6 +78,7 @@ class RolloutConfig:
     max_calls_per_turn: int = 1
     precision: str = "fp32"
     kv_reuse: bool = True
+    reproducible: bool = True
     tool: ToolConfig = field(default_factory=ToolConfig)
 
     def __post_init__(self):
@@ -246,17 +249,24 @@ class AgentLoop:
 
     def __init__(self, tok, cfg: RolloutConfig, tools: ToolRunner):
         self.tok, self.cfg, self.tools = tok, cfg, tools
-        self._made = itertools.count()
+        self._made: Counter = Counter()   # trajectories made per problem id
 
     def new_trajectory(self, problem: dict) -> Trajectory:
         """A fresh trajectory for ``{"id", "problem", "answer"?, "prompt"?}`` with the rStar2 prompt (spec §2.1), or
         with ``prompt``, a complete prompt text, when given (IFEval and BFCL bring their own; rstar2.data), and a key
-        no other trajectory of this loop has (``<problem id>#<n>``)."""
+        no other trajectory of this loop has: ``<problem id>#<n>`` for the n-th sample of that problem (``key``
+        instead of the id when the problem has one, e.g. ``<benchmark>/<id>`` where several benchmarks share a
+        call), which also names its sampling stream, so its tokens do not depend on the other problems of the call."""
         prompt = problem.get("prompt") or chat.prompt_text(problem["problem"],
                                                            [chat.python_tool_schema(self.cfg.tool.name)])
         return Trajectory(problem_id=str(problem["id"]), question=problem["problem"], gold=problem.get("answer"),
                           prompt_ids=self.tok.encode(prompt, add_special_tokens=False),
-                          key=f"{problem['id']}#{next(self._made)}", response_logprobs=[])
+                          key=self._next(str(problem.get("key", problem["id"]))), response_logprobs=[])
+
+    def _next(self, base: str) -> str:
+        n = self._made[base]
+        self._made[base] += 1
+        return f"{base}#{n}"
 
     async def generate_turn(self, t: Trajectory, engine) -> list[chat.ToolCall]:
         """Generate one assistant turn; returns the calls to run (empty when the trajectory finished)."""

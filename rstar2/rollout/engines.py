@@ -54,16 +54,27 @@ class BatchingEngine:
     of a batch's trajectories come back from their tool calls a few milliseconds apart, and a backend
     without continuous batching (``HFEngine``) pays a whole decode for each batch it starts, so starting
     one on the first arrival would split a turn into several sequential batches.
+
+    ``reproducible`` (issue 22): which requests share a batch then depends only on the trajectories, never on
+    when their tool calls finish. The scheduler announces each trajectory it places here (``expect``) and its
+    end (``release``); a round starts once every announced trajectory is waiting for its next turn, and runs
+    them in announcement order, ``max_batch`` at a time (a per-engine turn barrier). On a CPU a row's tokens
+    can depend on its batch (measured with bf16: the same rows decoded alone or six together differ), so this is
+    what makes a seeded run repeat. Cost: a turn waits for the slowest tool call of its round.
     """
 
     def __init__(self, max_batch: int = 16, kv_tokens: int | None = None, linger_s: float = 0.005,
-                 max_linger_s: float | None = None):
+                 max_linger_s: float | None = None, reproducible: bool = False):
         self.max_batch, self.kv_tokens, self.linger_s = max_batch, kv_tokens, linger_s
         self.max_linger_s = linger_s if max_linger_s is None else max_linger_s
+        self.reproducible = reproducible
         self._queue: list[tuple[TurnRequest, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
+        self._expected: dict[str, int] = {}   # announced live trajectory -> its announcement number
+        self._announced = 0
         self.batches = 0  # how many backend calls were made (for tests and benchmarks)
+        self.batch_keys: list[list[str]] = []  # the keys of every batch, in order (tests)
 
     def _generate_batch(self, requests: list[TurnRequest]) -> list[Generation]:
         raise NotImplementedError
@@ -71,9 +82,19 @@ class BatchingEngine:
     def kv_capacity_tokens(self) -> int | None:
         return self.kv_tokens
 
+    def expect(self, key: str) -> None:
+        """The scheduler placed trajectory ``key`` on this engine: in reproducible mode no round starts before it
+        waits for a turn too (until ``release``)."""
+        if key not in self._expected:
+            self._expected[key] = self._announced
+            self._announced += 1
+
     def release(self, key: str) -> None:
-        """The trajectory ``key`` has ended. Nothing is kept per trajectory here; a subclass that keeps state
-        (a trajectory's KV cache across turns) drops it."""
+        """The trajectory ``key`` has ended: a round no longer waits for it. A subclass that keeps state per
+        trajectory (its KV cache across turns) drops it too."""
+        self._expected.pop(key, None)
+        if self._wake is not None:
+            self._wake.set()
 
     async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         if max_new_tokens < 1:
@@ -90,6 +111,9 @@ class BatchingEngine:
     async def _work(self) -> None:
         while True:
             await self._wake.wait()
+            if self.reproducible:
+                await self._round()
+                continue
             if self.linger_s > 0:
                 deadline, seen = asyncio.get_running_loop().time() + self.max_linger_s, -1
                 while seen != len(self._queue) < self.max_batch and asyncio.get_running_loop().time() < deadline:
@@ -98,19 +122,35 @@ class BatchingEngine:
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch:]
             if not self._queue:
                 self._wake.clear()
-            if not batch:
-                continue
-            try:
-                outs = await asyncio.to_thread(self._generate_batch, [r for r, _ in batch])
-            except Exception as e:  # every waiter sees the failure; the worker keeps serving
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(e)
-                continue
-            self.batches += 1
-            for (_, fut), out in zip(batch, outs):
+            if batch:
+                await self._run(batch)
+
+    async def _round(self) -> None:
+        """Reproducible mode: once every announced trajectory waits, run all waiting requests in announcement
+        order (keys not announced last, by key), ``max_batch`` at a time; otherwise wait for the next arrival or
+        release."""
+        self._wake.clear()
+        waiting = {r.key for r, _ in self._queue}
+        if not self._queue or any(k not in waiting for k in self._expected):
+            return
+        order = sorted(self._queue, key=lambda q: (self._expected.get(q[0].key, 1 << 62), q[0].key))
+        self._queue = []
+        for start in range(0, len(order), self.max_batch):
+            await self._run(order[start:start + self.max_batch])
+
+    async def _run(self, batch: list) -> None:
+        self.batch_keys.append([r.key for r, _ in batch])
+        try:
+            outs = await asyncio.to_thread(self._generate_batch, [r for r, _ in batch])
+        except Exception as e:  # every waiter sees the failure; the worker keeps serving
+            for _, fut in batch:
                 if not fut.done():
-                    fut.set_result(out)
+                    fut.set_exception(e)
+            return
+        self.batches += 1
+        for (_, fut), out in zip(batch, outs):
+            if not fut.done():
+                fut.set_result(out)
 
     async def aclose(self) -> None:
         if self._worker is not None and not self._worker.done():
@@ -172,14 +212,16 @@ class HFEngine(BatchingEngine):
             stage gives the same streams every run, and each rollout phase new ones).
         kv_reuse: keep each trajectory's KV cache across turns (memory: its context's keys and values, until
             ``release``).
+        reproducible: batches independent of tool-call timing (``BatchingEngine``).
     """
 
     def __init__(self, model, tok, temperature: float = 1.0, top_p: float = 1.0, max_batch: int = 16,
                  kv_tokens: int | None = None, linger_s: float = 0.02, max_linger_s: float = 0.5,
-                 precision: str = "fp32", seed: int | None = None, kv_reuse: bool = True):
+                 precision: str = "fp32", seed: int | None = None, kv_reuse: bool = True,
+                 reproducible: bool = False):
         import torch
 
-        super().__init__(max_batch, kv_tokens, linger_s, max_linger_s)
+        super().__init__(max_batch, kv_tokens, linger_s, max_linger_s, reproducible)
         self.model, self.tok, self.temperature, self.top_p = model, tok, temperature, top_p
         self.precision, self.kv_reuse = precision, kv_reuse
         self.seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
@@ -187,6 +229,7 @@ class HFEngine(BatchingEngine):
         self.prefilled_tokens = 0    # context tokens forwarded in prefills (benchmarks)
 
     def release(self, key: str) -> None:
+        super().release(key)
         self._kv.pop(key, None)
 
     def cached_bytes(self) -> int:

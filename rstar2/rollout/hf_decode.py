@@ -30,6 +30,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from ..seeds import MASK64, splitmix64
+
 GQA_DECODE = "rstar2_gqa_decode"
 
 
@@ -160,24 +162,14 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 def row_uniforms(seed: int, stream: str, positions: list[int]) -> list[float]:
     """Uniform numbers in [0, 1) for token ``positions`` of one stream (a trajectory), from a counter-based
     generator (SplitMix64 over seed, a stable hash of ``stream`` and the position): the same arguments always give
     the same numbers, whatever else runs, in whatever order."""
     import zlib
 
-    base = _splitmix64((seed & _MASK64) ^ (zlib.crc32(stream.encode()) << 32) ^ zlib.adler32(stream.encode()))
-    return [(_splitmix64(base ^ pos) >> 11) * (1.0 / (1 << 53)) for pos in positions]
+    base = splitmix64((seed & MASK64) ^ (zlib.crc32(stream.encode()) << 32) ^ zlib.adler32(stream.encode()))
+    return [(splitmix64(base ^ pos) >> 11) * (1.0 / (1 << 53)) for pos in positions]
 
 
 def draw_uniforms(streams: tuple[int, list[str]] | None, rows: list[int | None], positions: list[int]):

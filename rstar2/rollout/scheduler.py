@@ -15,6 +15,13 @@ the engine is told (``release``) and the queue refills the room at once. An idle
 next queued trajectory while a full one works. Engines without a fixed KV size are limited by
 ``max_inflight`` trajectories only.
 
+``reproducible`` (issue 22): the same trajectories always meet in the same batches. Trajectory j goes to engine
+j mod n (no placement by load, which depends on timing), each engine's queue is FIFO, a trajectory is announced
+to its engine (``expect``) when admitted, and a finished trajectory's room is refilled synchronously, inside its
+release, so an engine never sees a gap between one trajectory ending and the next arriving. An engine with
+``reproducible`` batching (``engines.BatchingEngine``) then batches each turn only when all its trajectories
+wait. Engines without ``expect`` (vLLM, servers) are driven the same way but batch as they like.
+
 ``static`` (the baseline the paper replaces, VERL v0.2): trajectories are split evenly across engines up
 front, all start at once, and each engine advances its share turn by turn: every turn ends at a barrier
 (the round lasts as long as its longest generation), then the round's tool calls run, and the next
@@ -41,6 +48,7 @@ class Scheduler:
         max_response_tokens: L, the response budget of one trajectory (tokens).
         kv_cache_tokens: overrides every engine's reported KV capacity (tokens); None = ask the engine.
         max_inflight: cap on trajectories per engine (always applies; the only cap without a KV size); None = none.
+        reproducible: deterministic placement and admission (see the module docstring).
     Attributes (balanced mode, for tests and benchmarks):
         admissions: (engine index, trajectories admitted) per admission wave.
         reserved: KV tokens each engine's live trajectories reserve now; peak_reserved: the most ever.
@@ -50,13 +58,14 @@ class Scheduler:
     """
 
     def __init__(self, engines: list, agent: AgentLoop, mode: str, max_response_tokens: int,
-                 kv_cache_tokens: int | None = None, max_inflight: int | None = None):
+                 kv_cache_tokens: int | None = None, max_inflight: int | None = None, reproducible: bool = False):
         if not engines:
             raise ValueError("the scheduler needs at least one engine")
         if mode not in ("balanced", "static"):
             raise ValueError(f"scheduler mode must be 'balanced' or 'static', got {mode!r}")
         self.engines, self.agent, self.mode = list(engines), agent, mode
         self.L, self.kv_override, self.max_inflight = max_response_tokens, kv_cache_tokens, max_inflight
+        self.reproducible = reproducible
         n = len(self.engines)
         self.admissions: list[tuple[int, int]] = []
         self.reserved, self.peak_reserved = [0] * n, [0] * n
@@ -109,55 +118,80 @@ class Scheduler:
         self._live[i] += 1
         self._prompts[i][tuple(t.prompt_ids)] += 1
         self.placements[t.key] = i
+        if hasattr(self.engines[i], "expect"):
+            self.engines[i].expect(t.key)
 
     def _free(self, i: int, t: Trajectory) -> None:
         self.reserved[i] -= self.need(t)
         self._live[i] -= 1
         self._prompts[i][tuple(t.prompt_ids)] -= 1
 
-    async def _drive(self, t: Trajectory, engine) -> None:
-        """One trajectory to its end on ``engine``, which is told when it has ended (also on failure)."""
+    async def _drive(self, t: Trajectory, i: int, ended: Callable[[int, Trajectory], None]) -> None:
+        """One trajectory to its end on engine ``i``, which is told when it has ended (also on failure); then
+        ``ended`` (synchronous: it frees the trajectory's room and admits the next ones before anything else runs)."""
         try:
-            await self.agent.run(t, engine)
+            await self.agent.run(t, self.engines[i])
         finally:
-            engine.release(t.key)
+            self.engines[i].release(t.key)
+            ended(i, t)
 
     async def _run_balanced(self, trajs, progress) -> None:
-        queue = deque(trajs)
+        n = len(self.engines)
+        queues = [deque(trajs[i::n]) for i in range(n)] if self.reproducible else [deque(trajs)]
         tasks: set[asyncio.Task] = set()
         wake = asyncio.Event()
-        finished = [0, 0]  # completed, reported
+        state = {"done": 0, "reported": 0, "stopping": False}
         failures: list[BaseException] = []
 
-        def on_done(task: asyncio.Task, i: int, t: Trajectory) -> None:
+        def start(i: int, t: Trajectory) -> None:
+            self._hold(i, t)
+            task = asyncio.create_task(self._drive(t, i, ended))
+            task.add_done_callback(on_done)
+            tasks.add(task)
+            admitted[i] += 1
+
+        def admit() -> None:
+            admitted.clear()
+            wave()
+            self.admissions += sorted(admitted.items())
+
+        def wave() -> None:
+            if self.reproducible:  # engine i serves its own FIFO share
+                for i, q in enumerate(queues):
+                    while q and self.room(i, self.need(q[0])) >= 1:
+                        start(i, q.popleft())
+            else:                  # FIFO: the queue's head goes first, to the engine with the most room
+                while queues[0] and (i := self.place(queues[0][0])) is not None:
+                    start(i, queues[0].popleft())
+
+        def ended(i: int, t: Trajectory) -> None:
             self._free(i, t)
+            state["done"] += 1
+            if not state["stopping"]:
+                admit()
+            wake.set()
+
+        def on_done(task: asyncio.Task) -> None:
             tasks.discard(task)
             if not task.cancelled() and task.exception() is not None:
                 failures.append(task.exception())
-            finished[0] += 1
             wake.set()
 
+        admitted = Counter()
         try:
-            while queue or tasks:
-                admitted = Counter()
-                while queue and (i := self.place(queue[0])) is not None:  # FIFO: the queue's head goes first
-                    t = queue.popleft()
-                    self._hold(i, t)
-                    task = asyncio.create_task(self._drive(t, self.engines[i]))
-                    task.add_done_callback(lambda tk, i=i, t=t: on_done(tk, i, t))
-                    tasks.add(task)
-                    admitted[i] += 1
-                self.admissions += sorted(admitted.items())
+            admit()
+            while any(queues) or tasks:
                 if not tasks:
                     raise RuntimeError("no engine can take a trajectory")  # unreachable: an idle engine takes one
                 await wake.wait()
                 wake.clear()
                 if failures:
                     raise failures[0]
-                if progress and finished[0] > finished[1]:
-                    finished[1] = finished[0]
-                    progress(finished[0], len(trajs))
+                if progress and state["done"] > state["reported"]:
+                    state["reported"] = state["done"]
+                    progress(state["done"], len(trajs))
         finally:
+            state["stopping"] = True
             for task in tasks:
                 task.cancel()
             if tasks:
@@ -165,6 +199,10 @@ class Scheduler:
 
     async def _run_static(self, trajs, progress) -> None:
         shares = [trajs[i::len(self.engines)] for i in range(len(self.engines))]
+        for engine, share in zip(self.engines, shares):
+            for t in share:
+                if hasattr(engine, "expect"):
+                    engine.expect(t.key)
         counter = {"done": 0}
 
         async def run_share(engine, share):

@@ -17,6 +17,7 @@ import json
 import time
 from pathlib import Path
 
+from .. import seeds
 from ..io import append_jsonl, digest, read_jsonl, write_json, write_manifest
 from ..metrics import summarise
 from ..params import to_dict
@@ -154,8 +155,6 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     """
     import dataclasses
 
-    import torch
-
     from .. import grading, models, precision
     from ..rollout import Progress, grade_all, run_rollouts
 
@@ -164,7 +163,6 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     out = Path(out_dir)
     problems = _load_problems(ev)           # data errors first, before the model is loaded
     _drop_stale_results(out, to_dict(ev))
-    torch.manual_seed(ev.seed)
     model, tok = models.load(model_dir)
     base = ev.rollout
     plans = {"answer": (base, ev.k),     # checked kinds: greedy, one sample, one turn
@@ -182,8 +180,10 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
         for start in range(0, len(todo), chunk):
             batch = todo[start:start + chunk]
             # no gold goes into the rollout: grading happens here, by each benchmark's declared answer type
-            trajs = run_rollouts(model, tok, [{"id": p["id"], "problem": p["problem"], "prompt": p.get("prompt")}
-                                              for _, _, p in batch for _ in range(k)], rcfg)
+            # streams (seed, plan) x "<benchmark>/<id>#<sample>": a problem's samples do not depend on its batch
+            trajs = run_rollouts(model, tok, [{"id": p["id"], "key": f"{bench}/{p['id']}", "problem": p["problem"],
+                                               "prompt": p.get("prompt")} for bench, _, p in batch for _ in range(k)],
+                                 rcfg, seed=seeds.derive(ev.seed, "evaluate", plan))
             kinds = [kd for _, kd, _ in batch for _ in range(k)]
             answers = [p["answer"] for _, _, p in batch for _ in range(k)]
             checks: list = [None] * len(trajs)

@@ -7,6 +7,7 @@ import random
 import time
 from pathlib import Path
 
+from .. import seeds
 from ..io import read_jsonl, write_jsonl, write_manifest
 from ..params import to_dict
 from .params import HardProblemsParams, parse
@@ -21,21 +22,19 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
     Raises:
         ValueError: nothing is left after mining (every problem solved k/k): stage 3 would have no data.
     """
-    import torch
-
     from .. import models, precision
     from ..rollout import Progress, sample_groups
 
     t0 = time.time()
     p = parse(HardProblemsParams, params, "hard_problems params")
-    torch.manual_seed(p.seed)
     rows = select_sources(read_jsonl(data_path), p.sources, f"hard_problems ({data_path})")
     random.Random(p.seed).shuffle(rows)
     if p.subset_size:
         rows = rows[: p.subset_size]
     model, tok = model_and_tokenizer or models.load(model_dir)
     k = p.k
-    groups = sample_groups(model, tok, rows, k, p.rollout, progress=Progress("hard_problems"))
+    groups = sample_groups(model, tok, rows, k, p.rollout, progress=Progress("hard_problems"),
+                           seed=seeds.derive(p.seed, "hard_problems"))
     counted = [{**r, "passes": int(sum(t.reward > 0 for t in g)), "k": k} for r, g in zip(rows, groups)]
     hard = [r for r in counted if r["passes"] < k]
     if not hard:

@@ -25,6 +25,7 @@ import copy
 import time
 from pathlib import Path
 
+from .. import seeds
 from ..data.curate import append_step
 from ..data.prompt_length import filter_prompts, prompt_lengths
 from ..io import read_json, read_jsonl, write_jsonl, write_manifest
@@ -126,14 +127,12 @@ def count_matches(rows: list[dict], model_and_tokenizer, p: LabelVerificationPar
         One dict per row, in order: ``{"id", "source", "answer", "matches", "samples", "preds"}`` where
         ``preds`` are the extracted answers (None when a response gave none).
     """
-    import torch
-
     from ..rollout import Progress, sample_groups
 
-    torch.manual_seed(p.seed)
     model, tok = model_and_tokenizer
     samples = p.samples
-    groups = sample_groups(model, tok, rows, samples, p.rollout, progress=Progress("label_verification"))
+    groups = sample_groups(model, tok, rows, samples, p.rollout, progress=Progress("label_verification"),
+                           seed=seeds.derive(p.seed, "label_verification"))
     out = []
     for r, group in zip(rows, groups):
         out.append({"id": r["id"], "source": r["source"], "answer": r["answer"],

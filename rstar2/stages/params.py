@@ -58,6 +58,7 @@ class TrainerParams:
     gradient_checkpointing: bool
     shared_prefix: bool
     vllm: VLLMParams
+    reproducible: bool    # the top-level setting: full_determinism on CUDA (rstar2.distributed.trainer_kwargs)
 
 
 @dataclass(frozen=True)
@@ -243,13 +244,13 @@ def _rollout(config: dict, budget: dict, temperature: float, top_p: float, batch
     """A stage's rollout settings: its token and turn budget, its sampling, the shared engine section, the tool."""
     return RolloutConfig(max_response_tokens=budget["max_response_tokens"], max_turns=budget["max_turns"],
                          temperature=temperature, top_p=top_p, batch_size=batch_size, **config["rollout"],
-                         tool=ToolConfig(**config["tool"]))
+                         reproducible=config["reproducible"], tool=ToolConfig(**config["tool"]))
 
 
 def _trainer(config: dict) -> TrainerParams:
     d = config["distributed"]
-    return parse(TrainerParams, {k: d[k] for k in ("device", "bf16", "gradient_checkpointing", "shared_prefix", "vllm")},
-                 "distributed")
+    return parse(TrainerParams, {**{k: d[k] for k in ("device", "bf16", "gradient_checkpointing", "shared_prefix",
+                                                      "vllm")}, "reproducible": config["reproducible"]}, "distributed")
 
 
 def base_model(config: dict, section: str = "model") -> BaseModelParams:
