@@ -56,14 +56,15 @@ ARMS = {"kv": {"old": {"rollout": {"kv_reuse": False}, "distributed": {"shared_p
         "reproducible": {"off": {"reproducible": False}, "on": {"reproducible": True}}}
 
 
-def _params(config: str, steps: int, arm: dict, seed: int, fp32: bool) -> dict:
+def _params(config: str, steps: int, arm: dict, seed: int, fp32: bool, heldout: int) -> dict:
     from rstar2.params import to_dict
     from rstar2.stages import params as P
 
     precision = {"rollout": {"precision": "fp32"}, "distributed": {"bf16": False}} if fp32 else {}
+    # heldout > 0: the config's held-out evaluation on that many problems, at step 0 and after the last step
+    ho = {"every": steps, "limit": heldout} if heldout else {"benchmark": None}
     cfg = P.validated_config(REPO, (config,), (precision, arm, {"seed": seed, "rl": {
-        "checkpoint_every": 0, "heldout": {"benchmark": None},
-        "stages": {"stage1": {"steps": steps, "sources": None}}}},))
+        "checkpoint_every": 0, "heldout": ho, "stages": {"stage1": {"steps": steps}}}},))
     return to_dict(P.rl(cfg, "stage1"))
 
 
@@ -77,7 +78,7 @@ def run_once(model: str, data: str, params: dict, workdir: Path) -> dict:
         raise SystemExit(f"RL stage failed:\n{r.stderr[-3000:]}")
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
-    return {"wall": time.time() - t0, "metrics": metrics, "rollouts": rollouts,
+    return {"wall": time.time() - t0, "metrics": metrics, "rollouts": rollouts, "dir": out,
             "prefilled": sum(json.loads((out / "engines.json").read_text())["prefilled"])}
 
 
@@ -101,6 +102,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare", choices=sorted(ARMS), default="kv",
                     help="kv: old vs new CPU rollout path (issue 19); reproducible: reproducible false vs true")
+    ap.add_argument("--heldout", type=int, default=0, help="also run the config's held-out evaluation on this many "
+                    "problems at step 0 and after the last step (0 = none)")
     ap.add_argument("--fp32", action="store_true", help="float32 rollouts and update (else the config's precision): "
                     "both paths then sample the same tokens wherever the logits agree to float32 rounding")
     a = ap.parse_args()
@@ -116,7 +119,8 @@ def main() -> None:
         for rnd in range(a.rounds):
             for path in ((A, B) if rnd % 2 == 0 else (B, A)):
                 wd = Path(tmp) / f"{path}{rnd}"
-                runs[path].append(run_once(a.model, data, _params(a.config, a.steps, arms[path], a.seed, a.fp32), wd))
+                runs[path].append(run_once(a.model, data, _params(a.config, a.steps, arms[path], a.seed, a.fp32,
+                                                                    a.heldout), wd))
                 s = summary(runs[path][-1])
                 print(f"round {rnd} {path}: {s['step_s']:.1f} s/step (rollout {s['rollout_s']:.1f}, update "
                       f"{s['update_s']:.1f}), {s['generated']} generated, {s['prefilled']} prefilled tokens; per step "
@@ -124,6 +128,17 @@ def main() -> None:
                           f"({m['reward_mean']:.3f}, {m['loss'] if m['loss'] is None else round(m['loss'], 5)}, "
                           f"{m['grad_norm'] if m['grad_norm'] is None else round(m['grad_norm'], 4)})"
                           for m in runs[path][-1]["metrics"]), flush=True)
+                if a.heldout:
+                    print("  held-out: " + "; ".join(
+                        f"step {r['step']} accuracy {r['accuracy']:.3f} (n={r['n_problems']}, {r['wall_s']} s)"
+                        for r in map(json.loads, (wd / "stage1" / "heldout.jsonl").read_text().splitlines())))
+        if a.rounds > 1:  # the whole stage folders, while they exist (rstar2 compare-runs)
+            from rstar2.reproduce import compare_runs
+
+            for path, rs in runs.items():
+                diffs = [compare_runs(x["dir"], y["dir"]) for x, y in zip(rs, rs[1:])]
+                print(f"stage folders of {path} between rounds: " + "; ".join(
+                    "identical (timings aside)" if not d else f"{len(d)} files differ, first {d[0]}" for d in diffs))
     print("\npath  s/step  rollout s  update s  generated  prefilled  tool calls  reward")
     means = {}
     for path, rs in runs.items():

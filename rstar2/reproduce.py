@@ -201,10 +201,11 @@ def run_twice(repo: Path, workdir: Path, configfiles: list[str], targets: list[s
     """
     for name in ("a", "b"):
         copy = scratch_copy(repo, workdir / name)
-        cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), *extra]
+        # targets first: snakemake's --configfile takes every word after it
+        cmd = [sys.executable, "-m", "snakemake", *targets, "--cores", str(cores), *extra]
         if configfiles:
             cmd += ["--configfile", *[str(Path(c).resolve()) if Path(c).exists() else c for c in configfiles]]
-        print(f"[reproduce] run {name.upper()} in {copy}: {' '.join(cmd[2:] + targets)}", flush=True)
-        if subprocess.run(cmd + targets, cwd=copy).returncode != 0:
+        print(f"[reproduce] run {name.upper()} in {copy}: {' '.join(cmd[2:])}", flush=True)
+        if subprocess.run(cmd, cwd=copy).returncode != 0:
             raise RuntimeError(f"run {name.upper()} in {copy} failed")
     return compare_runs(workdir / "a" / "results", workdir / "b" / "results")

@@ -19,6 +19,28 @@ import sys
 from pathlib import Path
 
 
+def validate_config(config: dict, schema_path: str) -> None:
+    """Validate ``config`` against the schema and fill its defaults (``snakemake.utils.validate``), but report a
+    refused value in one line naming its key path, e.g. ``config: hard_problems.k: 0 is less than the minimum
+    of 1``, instead of Snakemake's print of the whole schema and config (thousands of lines).
+
+    Raises:
+        ValueError: the first (most specific, ``jsonschema.exceptions.best_match``) error.
+    """
+    import jsonschema
+    import yaml
+    from snakemake.utils import validate
+
+    schema = yaml.safe_load(open(schema_path))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if error is not None:
+        path = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
+        raise ValueError(f"config: {path}: {message}")
+    validate(config, schema_path)
+
+
 def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[tuple[str, int]]:
     """Validate names and structure of an already schema-validated config.
 

@@ -181,13 +181,15 @@ def test_every_stage_parameter_is_the_schema_default_on_a_minimal_config(minimal
     vllm = {k: v["default"] for k, v in SCHEMA["properties"]["distributed"]["properties"]["vllm"]["properties"].items()}
 
     def check_rollout(r: dict, budget: dict, sampling: dict):
-        assert {k: r[k] for k in rollout} == rollout
+        assert {k: r[k] for k in rollout} == rollout and r["reproducible"] == reproducible
         assert r["tool"] == tool
         assert {k: r[k] for k in budget} == budget and {k: r[k] for k in sampling} == sampling
 
     sft = to_dict(P.sft(cfg))
     assert {k: sft[k] for k in schema_defaults("sft")} == schema_defaults("sft")
-    trainer = {k: dist[k] for k in ("device", "bf16", "gradient_checkpointing", "shared_prefix")} | {"vllm": vllm}
+    reproducible = SCHEMA["properties"]["reproducible"]["default"]
+    trainer = {k: dist[k] for k in ("device", "bf16", "gradient_checkpointing", "shared_prefix")} | {
+        "vllm": vllm, "reproducible": reproducible}
     assert sft["trainer"] == trainer and sft["seed"] == SCHEMA["properties"]["seed"]["default"]
 
     base = to_dict(P.base_model(cfg))

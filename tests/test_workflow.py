@@ -132,8 +132,15 @@ def test_bad_config_value_names_the_key(workdir, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((workdir / TINY).read_text().replace("k: 2\n  subset_size", "k: 0\n  subset_size"))
     proc = smk(workdir, "-n", "--configfile", str(bad), check=False)
+    out = proc.stderr + proc.stdout
     assert proc.returncode != 0
-    assert "hard_problems" in proc.stderr + proc.stdout and "'k'" in proc.stderr + proc.stdout
+    assert "config: hard_problems.k: 0 is less than the minimum of 1" in out
+    assert len(out.splitlines()) < 20, "the whole schema and config were printed again"
+    typo = tmp_path / "typo.yaml"
+    typo.write_text((workdir / TINY).read_text() + "\nrll: {steps: 3}\n")
+    proc = smk(workdir, "-n", "--configfile", str(typo), check=False)
+    assert proc.returncode != 0 and "config: (top level): Additional properties are not allowed ('rll' was " \
+        "unexpected)" in proc.stderr + proc.stdout
 
 
 @pytest.mark.slow

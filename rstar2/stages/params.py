@@ -216,12 +216,13 @@ def validated_config(root, files: tuple = (), overrides: tuple = ()) -> dict:
     ``overrides`` (dicts), validated against the schema, which fills every default (benchmarks, tests).
 
     Raises:
-        jsonschema.ValidationError (through Snakemake): a value the schema refuses.
+        ValueError: a value the schema refuses (one line naming its key: ``workflow_checks.validate_config``).
     """
     from pathlib import Path
 
     import yaml
-    from snakemake.utils import validate
+
+    from ..workflow_checks import validate_config
 
     root = Path(root)
     cfg = yaml.safe_load((root / "config.yaml").read_text())
@@ -229,7 +230,7 @@ def validated_config(root, files: tuple = (), overrides: tuple = ()) -> dict:
         cfg = merge_config(cfg, yaml.safe_load((root / f).read_text()) or {})
     for o in overrides:
         cfg = merge_config(cfg, o)
-    validate(cfg, str(root / "workflow/schemas/config.schema.yaml"))
+    validate_config(cfg, str(root / "workflow/schemas/config.schema.yaml"))
     return cfg
 
 

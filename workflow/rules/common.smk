@@ -6,13 +6,12 @@ import json
 import os
 import sys
 
-from snakemake.utils import validate
-
 from rstar2.stages import params as stage_params
-from rstar2.workflow_checks import check_config, check_data_files, cached_check
+from rstar2.workflow_checks import cached_check, check_config, check_data_files, validate_config
 
 
-validate(config, schema="../schemas/config.schema.yaml")
+# A refused value is one line naming its key (Snakemake's own validate prints the whole schema and config).
+validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
 
 # Jobs inherit this environment: put the bin folder of the interpreter running snakemake first on PATH, so
 # the `rstar2` CLI of its virtual environment is found even when the venv was not activated.
