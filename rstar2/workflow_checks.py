@@ -48,7 +48,7 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
         The ablation runs ``[(mode, seed), ...]`` (every mode with every seed; empty without an ablation).
     Raises:
         ValueError: RL stages enabled out of order, an evaluated model this run does not train, a benchmark name
-            that is not defined, an enabled stage no rl_data source trains, or an ablation with modes but no
+            (held-out, decontamination, evaluation, per-benchmark limit, report lead) that is not defined, an enabled stage no rl_data source trains, or an ablation with modes but no
             seeds (or the reverse).
     """
     if rl_stages != ["stage1", "stage2", "stage3"][: len(rl_stages)]:
@@ -72,6 +72,10 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
             if name not in known:
                 raise ValueError(f"config: {key} names benchmark {name!r}, which is not defined under "
                                  f"'benchmarks' (defined: {sorted(known)})")
+    lead = config["report"]["lead_benchmark"]
+    if lead is not None and lead not in known:  # a typo would silently leave the report without its lead
+        raise ValueError(f"config: report.lead_benchmark names benchmark {lead!r}, which is not defined under "
+                         f"'benchmarks' (defined: {sorted(known)})")
     per = config["evaluate"]["limit"] if isinstance(config["evaluate"]["limit"], dict) else {}
     for name in set(per) - {"default"}:  # a limit of a benchmark not evaluated in this run is unused
         if name not in known:
@@ -102,6 +106,27 @@ def check_data_files(paths: list) -> list[str]:
     if missing:
         raise ValueError(f"config: data file(s) not found (paths are relative to {os.getcwd()}): {missing}")
     return local
+
+
+def check_benchmarks(config: dict) -> None:
+    """Load every local benchmark the evaluate stage will read (a fraction of a second for the bundled ones), so
+    a wrong field mapping or a bad row fails before SFT, not when evaluation starts. Hub ids are not fetched.
+
+    Raises:
+        ValueError: a benchmark cannot be loaded; the message names it and ``load_benchmark``'s file, row, field.
+    """
+    if not config["evaluate"]["models"]:
+        return
+    from .data.benchmarks import load_benchmark
+
+    for name in config["evaluate"]["benchmarks"]:
+        spec = config["benchmarks"][name]
+        if str(spec.get("path", "")).startswith("hub:"):
+            continue
+        try:
+            load_benchmark(name, spec)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"config: benchmarks.{name} cannot be loaded: {e}") from None
 
 
 def _file_key(path: str) -> list:

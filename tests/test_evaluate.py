@@ -232,10 +232,14 @@ def test_a_per_benchmark_limit_overrides_the_global_one(tmp_path, bench_files, s
     from rstar2.workflow_checks import check_config
     from conftest import workflow_config
 
+    models = {m: "" for m in ("base", "sft", "rl_stage1", "rl_stage2", "rl_stage3")}
     bad = workflow_config({"evaluate": {"limit": {"default": 1, "gsm8k_tset": 10}}})
     with pytest.raises(ValueError, match="evaluate.limit names benchmark 'gsm8k_tset'"):
-        check_config(bad, ["stage1", "stage2", "stage3"], {m: "" for m in ("base", "sft", "rl_stage1", "rl_stage2",
-                                                                           "rl_stage3")})
+        check_config(bad, ["stage1", "stage2", "stage3"], models)
+    typo = workflow_config({"report": {"lead_benchmark": "arith_heldot"}})
+    with pytest.raises(ValueError, match="report.lead_benchmark names benchmark 'arith_heldot', which is not "
+                                         "defined under 'benchmarks'"):
+        check_config(typo, ["stage1", "stage2", "stage3"], models)
 
 
 def test_an_integer_limit_in_a_configfile_replaces_the_default_runs_per_benchmark_limits():

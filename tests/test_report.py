@@ -468,3 +468,20 @@ def test_no_lead_section_without_its_benchmark(tmp_path, fake_inputs):
     report.run(_rp(lead_benchmark="arith_heldout"), fake_inputs, str(out))
     assert "Learning result" not in (out / "summary.md").read_text()
     assert (out / "learning_result.png").read_bytes().startswith(PNG_MAGIC)     # "no data" figure
+
+
+def test_a_one_problem_benchmark_shows_no_interval_and_a_skipped_funnel_step_says_so():
+    """A bootstrap interval over one problem is a point ([0.0, 0.0]); the report says n=1 instead. A funnel step
+    that did not run (label verification off) is labelled skipped, not shown as if it kept every problem."""
+    from rstar2.report import sections
+    from rstar2.report.document import Table
+
+    one = {"avg_at_k": 0.0, "avg_at_k_ci": [0.0, 0.0], "n_problems": 1}
+    assert sections._with_ci(one) == "0.0 (n=1)"
+    assert sections._with_ci({**one, "avg_at_k": 0.25, "avg_at_k_ci": [0.1, 0.4], "n_problems": 40}) == \
+        "25.0 [10.0, 40.0]"
+    blocks = sections.funnel({"steps": ["loaded", "label_verification"],
+                              "step_status": {"loaded": "done", "label_verification": "skipped"},
+                              "per_source": {"a": {"loaded": 5, "label_verification": 5}}}, None)
+    table = next(b for b in blocks if isinstance(b, Table))
+    assert [r[0] for r in table.rows] == ["loaded", "label_verification (skipped: not enabled)"]

@@ -109,6 +109,16 @@ def test_a_bad_heldout_benchmark_fails_before_any_job_runs(workdir, tmp_path):
         "source 'arith_train'" in proc.stderr + proc.stdout
 
 
+def test_an_evaluated_benchmark_with_a_wrong_field_mapping_fails_before_any_job_runs(workdir, tmp_path):
+    cfg = tmp_path / "bad_fields.yaml"
+    cfg.write_text("benchmarks: {mine: {path: data/eval/aime24/test.jsonl, fields: {problem: statement, "
+                   "answer: answer}, answer_type: integer}}\nevaluate: {benchmarks: [mine]}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
+    out = proc.stderr + proc.stdout
+    assert proc.returncode != 0 and "config: benchmarks.mine cannot be loaded" in out, out[-2000:]
+    assert "statement" in out
+
+
 def test_a_heldout_benchmark_graded_unlike_the_reward_warns_and_ids_may_be_row_indices(workdir, tmp_path):
     own = tmp_path / "own_heldout.yaml"   # a user's own held-out set: no answer_type (math), fields.id null
     own.write_text("benchmarks: {my_ho: {path: data/learning/heldout.jsonl, fields: {problem: problem, "

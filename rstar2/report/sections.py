@@ -30,8 +30,9 @@ def fmt_seconds(s) -> str:
 
 
 def _ci(e: dict) -> tuple[float | None, float | None]:
+    """The 95% interval in percent; none for fewer than 2 problems, where a bootstrap over problems is a point."""
     ci = e.get("avg_at_k_ci")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2:
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and (num(e.get("n_problems")) or 2) >= 2:
         return pct(ci[0]), pct(ci[1])
     return None, None
 
@@ -41,6 +42,8 @@ def _with_ci(e: dict | None) -> str:
         return "–"
     lo, hi = _ci(e)
     txt = fmt(pct(e["avg_at_k"]))
+    if lo is None and num(e.get("n_problems")) == 1:
+        return txt + " (n=1)"
     return txt + (f" [{lo:.1f}, {hi:.1f}]" if lo is not None and hi is not None else "")
 
 
@@ -104,7 +107,8 @@ def _details(models: dict[str, dict], benches: dict[str, str | None]) -> list:
             ref_len = paper.TABLE4_LENGTH[paper.OURS].get(col) if col else None
             rows.append([m, b, e.get("answer_type", "–"), fmt_int(e.get("n_problems")), fmt_int(e.get("k")),
                          fmt(pct(e.get("avg_at_k"))),
-                         f"[{fmt(lo)}, {fmt(hi)}]" if lo is not None else "–",
+                         f"[{fmt(lo)}, {fmt(hi)}]" if lo is not None else
+                         ("– (n=1)" if num(e.get("n_problems")) == 1 else "–"),
                          fmt(pct(e.get("pass_at_k"))), fmt(pct(e.get("maj_at_k"))),
                          fmt(e.get("mean_response_tokens")), fmt(e.get("mean_tool_calls"), 2),
                          fmt(pct(e.get("truncation_ratio"))), fmt(ref), fmt(ref_len)])
@@ -153,11 +157,13 @@ def funnel(funnel_: dict | None, figure: str | None) -> list:
         steps += [st for st in (counts or {}) if st not in steps]
     if per_source and steps:
         sources = list(per_source)
+        status = funnel_.get("step_status") or {}
         rows = []
         for st in steps:
             vals = [num((per_source[s] or {}).get(st)) for s in sources]
             total = sum(v for v in vals if v is not None) if any(v is not None for v in vals) else None
-            rows.append([st] + [fmt_int(v) for v in vals] + [fmt_int(total)])
+            label = f"{st} (skipped: not enabled)" if status.get(st) == "skipped" else st
+            rows.append([label] + [fmt_int(v) for v in vals] + [fmt_int(total)])
         blocks.append(Table(["step"] + sources + ["total"], rows))
     drops = funnel_.get("drops") or {}
     if drops:

@@ -7,7 +7,7 @@ import os
 import sys
 
 from rstar2.stages import params as stage_params
-from rstar2.workflow_checks import cached_check, check_config, check_data_files, validate_config
+from rstar2.workflow_checks import cached_check, check_benchmarks, check_config, check_data_files, validate_config
 
 
 # A refused value is one line naming its key (Snakemake's own validate prints the whole schema and config).
@@ -36,6 +36,8 @@ ABLATION_RUNS = check_config(config, RL_STAGES, MODEL_DIRS)
 # Files: every local dataset must exist; the RL held-out benchmark must load and share no problem with the training
 # sources. Loading the sources is the slow part, so its result is cached by the files' size and mtime.
 cached_check(config, ".snakemake/rstar2_checks")
+# Every local benchmark the evaluate stage reads loads now (field mapping, rows), not after SFT.
+check_benchmarks(config)
 
 
 def to_json(p):
