@@ -30,7 +30,7 @@ def _read(path: Path) -> list[dict]:
 def main(argv=None) -> dict:
     from rstar2.report.ablation import mean_interval, run_stats
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="LABEL=FOLDER")
     ap.add_argument("--json")
     a = ap.parse_args(argv)

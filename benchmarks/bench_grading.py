@@ -49,7 +49,7 @@ def make_pairs(n: int, seed: int = 0) -> list[tuple[str | None, str]]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=10000)
     ap.add_argument("--timeout-s", type=float, default=5.0)
     ap.add_argument("--chunk", type=int, default=1000)

@@ -73,7 +73,7 @@ def summarise(trajs: list, samples: int, rng: random.Random) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--data", default=str(REPO / "data/learning/train.jsonl"))
     ap.add_argument("--problems", type=int, default=32)

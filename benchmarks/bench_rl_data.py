@@ -30,7 +30,7 @@ def run_once(args, boilerplate_min_problems: int) -> tuple[float, dict, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-abs-answer", type=int, default=10**9)
     parser.add_argument("--ngram", type=int, default=8)

@@ -97,7 +97,7 @@ def roc_step(tr, group, G, rng, count):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--hidden", type=int, default=128)

@@ -96,7 +96,7 @@ def one_step(model, tok, problems, latency: float, mode: str, serial: bool, batc
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--latency", type=float, default=0.3)
     ap.add_argument("--trajectories", type=int, default=16)
     ap.add_argument("--calls", type=int, default=3)

@@ -209,7 +209,7 @@ def layout_ab(a) -> None:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=400, help="calls per cell for our executor")
     ap.add_argument("--baseline-calls", type=int, default=48, help="calls per cell for the fresh-interpreter baseline")
     ap.add_argument("--workers", type=int, default=None, help="zygotes (default: cores)")

@@ -76,7 +76,7 @@ def simulate(mode: str, scripts, tok, n_engines: int, budget: int, max_turns: in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trajectories", type=int, default=2048)
     ap.add_argument("--engines", type=int, default=16)
     ap.add_argument("--budget", type=int, default=8192)

@@ -34,7 +34,7 @@ def _math_verify_only(pred: str, gold: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--timeout-s", type=float, default=20.0)
     args = ap.parse_args()
     table = [(g, p, 0.0) for g, p in NEAR_MISSES] + [(g, p, 1.0) for g, p in EQUAL]

@@ -34,12 +34,22 @@ def main(argv: list[str] | None = None) -> int:
         "sft": ["--model", "--data"], "rl": ["--model", "--data"], "hard-problems": ["--model", "--data"],
         "evaluate": ["--model", "--name"], "report": ["--inputs"], "label-verification": ["--data", "--funnel"],
     }
+    # the workflow rule each subcommand runs (two names differ: the curation funnel came before label verification)
+    rules = {"base-model": "base_model: the base model folder", "sft-data": "sft_data: the cold-start SFT data",
+             "rl-data": "rl_candidates: the RL curation funnel up to label verification",
+             "label-verification": "rl_data: label verification, the final RL set",
+             "sft": "sft: the non-reasoning cold start", "rl": "rl: one RL stage or ablation run (GRPO-RoC)",
+             "hard-problems": "hard_problems: mine problems not always solved", "evaluate": "evaluate: one model",
+             "report": "report: the summary, figures and HTML"}
+    flags = {"--model": "input model folder (Hugging Face format)", "--data": "input JSONL rows of the stage",
+             "--name": "the evaluated model's label (e.g. sft, rl_stage3)", "--funnel": "rl_candidates' funnel.json",
+             "--inputs": "JSON object of the report's input folders by name"}
     for name, extra in specs.items():
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=f"rule {rules[name]}", description=f"Workflow rule {rules[name]}.")
         p.add_argument("--params", required=True, type=_params, help="the stage's config section as JSON")
         p.add_argument("--out", required=True, help="the stage's output folder")
         for flag in extra:
-            p.add_argument(flag, required=True)
+            p.add_argument(flag, required=True, help=flags[flag])
         if name == "rl":
             p.add_argument("--optimizer-from", default=None,
                            help="the previous stage's optimizer/ folder (params continue_optimizer)")
