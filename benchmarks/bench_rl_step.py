@@ -159,9 +159,13 @@ def main() -> None:
 
 
 def _same(xs: list[dict], ys: list[dict]) -> float:
-    """Share of trajectories whose turns are identical, pairing runs of ``xs`` and ``ys`` in order."""
-    return statistics.fmean(sum(a_["turns"] == b_["turns"] for a_, b_ in zip(x["rollouts"], y["rollouts"]))
-                            / len(x["rollouts"]) for x, y in zip(xs, ys))
+    """Share of trajectories whose turns are identical (tool-call durations aside), pairing runs of ``xs`` and
+    ``ys`` in order."""
+    from rstar2.reproduce import first_difference
+
+    return statistics.fmean(sum(first_difference(a_["turns"], b_["turns"]) is None
+                                for a_, b_ in zip(x["rollouts"], y["rollouts"])) / len(x["rollouts"])
+                            for x, y in zip(xs, ys))
 
 
 def _same_metrics(runs: list[dict]) -> bool:
