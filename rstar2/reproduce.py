@@ -24,8 +24,9 @@ from pathlib import Path
 
 # Fields that record wall-clock time: tool-call and evaluation durations, step and stage times, timestamps.
 TIMING_FIELDS = frozenset({"duration_s", "rollout_time_s", "step_time_s", "wall_s", "wall_time_s", "finished_at"})
-# Fields that record the run's history, not its results: the step a killed stage was resumed from.
-HISTORY_FIELDS = frozenset({"resumed_from_step"})
+# Fields that record the run's history, not its results: the step a killed stage was resumed from, and how many
+# update forwards took the shared-prefix path in the process that finished the stage (a resumed one counts its own).
+HISTORY_FIELDS = frozenset({"resumed_from_step", "shared_prefix_forwards"})
 IGNORED_FIELDS = TIMING_FIELDS | HISTORY_FIELDS
 SKIPPED_SUFFIXES = (".log", ".png", ".svg", ".pdf", ".html", ".md")
 SKIPPED_PARTS = ("tensorboard", "logs")

@@ -310,7 +310,8 @@ def test_real_rollouts_killed_and_resumed_equal_the_uninterrupted_run(real, kill
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     start = json.loads((out / "manifest.json").read_text())["counts"]["resumed_from_step"]
     assert start == {"step1": 0, "checkpoint2": 2, "last_checkpoint": REAL_STEPS}[kill_after]
-    assert resumed.stdout.count("[rl] step ") == REAL_STEPS - start
+    rl_lines = [line for line in resumed.stdout.splitlines() if line.startswith("[rl] step ")]
+    assert len(rl_lines) == REAL_STEPS - start, rl_lines
     assert [r["step"] for r in _rows(out / "metrics.jsonl")] == list(range(1, REAL_STEPS + 1))
     assert reproduce.compare_runs(ref, out) == []
     assert any(not r["update_skipped"] for r in _rows(ref / "metrics.jsonl")), "no real update to compare"

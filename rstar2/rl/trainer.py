@@ -215,6 +215,14 @@ def make_trainer_class():
                     print(f"[rl] optimizer state and LR schedule continued from {self.optimizer_from}", flush=True)
             return out
 
+        def _run_epoch(self, *args, **kwargs):
+            # Resumed from the last step's checkpoint, transformers 5.17 would still run one more step (its
+            # resume fast-forwards the data but only checks max_steps after a step): there is nothing left to do.
+            if self.state.global_step >= self.state.max_steps > 0:
+                self.control.should_training_stop = True
+                return None
+            return super()._run_epoch(*args, **kwargs)
+
         def _save_checkpoint(self, model, trial):
             super()._save_checkpoint(model, trial)
             state = self.rollout_fn.state_dict()  # the step counter: every RL stream derives from it (rstar2.seeds)
