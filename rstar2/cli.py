@@ -74,18 +74,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _reproduce_parsers(sub) -> None:
-    p = sub.add_parser("compare-runs", help="list the artifacts in which two results folders differ (issue 22)",
+    p = sub.add_parser("compare-runs", help="list the artifacts in which two results folders differ",
                        description="Compare two results folders, ignoring fields that record wall-clock time "
                                    "(rstar2.reproduce.IGNORED_FIELDS); exit 1 when they differ.")
-    p.add_argument("a", help="results folder of run A")
-    p.add_argument("b", help="results folder of run B")
+    p.add_argument("a", help="results folder of run A (or its workflow folder)")
+    p.add_argument("b", help="results folder of run B (or its workflow folder)")
     p = sub.add_parser("reproduce", help="run a config twice in scratch copies and compare the results",
                        description="Run snakemake twice with the same config into WORKDIR/a and WORKDIR/b, then "
                                    "compare-runs their results folders; exit 1 when they differ.")
     p.add_argument("--configfile", nargs="*", default=[], help="config files merged over config.yaml")
-    p.add_argument("--workdir", required=True, help="folder for the two scratch copies (created)")
-    p.add_argument("--cores", type=int, default=2, help="snakemake --cores for each run")
-    p.add_argument("targets", nargs="*", help="snakemake targets (default: the whole workflow)")
+    p.add_argument("--workdir", required=True, help="a new or empty folder for the two scratch copies")
+    p.add_argument("--cores", type=int, default=2, help="snakemake --cores for each run (default: 2)")
+    p.add_argument("--target", action="append", default=[], dest="targets",
+                   help="a snakemake target, e.g. results/rl/stage1/manifest.json (repeatable; default: everything)")
 
 
 def _reproduce(a: argparse.Namespace) -> int:
@@ -95,15 +96,21 @@ def _reproduce(a: argparse.Namespace) -> int:
 
     repo = Path(__file__).resolve().parents[1]
     try:
-        diffs = (reproduce.compare_runs(a.a, a.b) if a.stage == "compare-runs" else
-                 reproduce.run_twice(repo, Path(a.workdir), a.configfile, a.targets, a.cores))
+        if a.stage == "compare-runs":
+            first, second = a.a, a.b
+            diffs = reproduce.compare_runs(first, second)
+        else:
+            diffs = reproduce.run_twice(repo, Path(a.workdir), a.configfile, a.targets, a.cores)
+            first, second = Path(a.workdir) / "a", Path(a.workdir) / "b"
+        n = reproduce.compared_files(first, second)
     except (FileNotFoundError, RuntimeError) as e:
         print(f"rstar2 {a.stage}: error: {e}", file=sys.stderr)
         return 2
+    tag = f"[{a.stage}]"
     if not diffs:
-        print("[reproduce] identical (ignoring " + ", ".join(sorted(reproduce.IGNORED_FIELDS)) + ")")
+        print(f"{tag} identical: {n} files compared (ignoring " + ", ".join(sorted(reproduce.IGNORED_FIELDS)) + ")")
         return 0
-    print(f"[reproduce] {len(diffs)} artifacts differ; the first: {diffs[0]}")
+    print(f"{tag} {len(diffs)} of {n} compared files differ; the first: {diffs[0]}")
     for d in diffs[1:]:
         print(f"  {d}")
     return 1

@@ -29,7 +29,7 @@ TIMING_FIELDS = frozenset({"duration_s", "rollout_time_s", "step_time_s", "wall_
 HISTORY_FIELDS = frozenset({"resumed_from_step", "shared_prefix_forwards"})
 IGNORED_FIELDS = TIMING_FIELDS | HISTORY_FIELDS
 SKIPPED_SUFFIXES = (".log", ".png", ".svg", ".pdf", ".html", ".md")
-SKIPPED_PARTS = ("tensorboard", "logs")
+SKIPPED_PARTS = ("tensorboard", "logs", ".snakemake")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".bin")
 TEXT_SUFFIXES = (".csv", ".txt", ".tsv")
 
@@ -86,8 +86,8 @@ def _compare_jsonl(pa: Path, pb: Path) -> str | None:
     for i, (x, y) in enumerate(zip(ra, rb), 1):
         d = first_difference(json.loads(x), json.loads(y))
         if d:
-            return f"row {i}, {d}"
-    return None if len(ra) == len(rb) else f"{len(ra)} != {len(rb)} rows"
+            return f"line {i}, {d}"
+    return None if len(ra) == len(rb) else f"{len(ra)} != {len(rb)} lines"
 
 
 def _compare_text(pa: Path, pb: Path) -> str | None:
@@ -154,19 +154,40 @@ def _stage_order(root: Path, rel: Path) -> tuple:
     return ("~", str(rel))
 
 
-def compare_runs(a: str | Path, b: str | Path) -> list[Difference]:
-    """Every compared artifact of results folder ``a`` that differs from ``b``'s, in the order run ``a``
-    produced them (the first entry is the first artifact that differs); [] = the runs are equal.
+def results_folder(path: str | Path) -> Path:
+    """``path`` itself, or ``path/results`` when ``path`` is a workflow folder (it has a Snakefile).
 
     Raises:
-        FileNotFoundError: ``a`` or ``b`` is not a folder.
+        FileNotFoundError: no such folder.
     """
-    a, b = Path(a), Path(b)
-    for root in (a, b):
-        if not root.is_dir():
-            raise FileNotFoundError(f"no results folder at {root}")
+    path = Path(path)
+    if (path / "Snakefile").exists() and (path / "results").is_dir():
+        return path / "results"
+    if not path.is_dir():
+        raise FileNotFoundError(f"no results folder at {path}")
+    return path
+
+
+def compared_files(a: str | Path, b: str | Path) -> int:
+    """How many files ``compare_runs(a, b)`` compares (those of either folder that it does not skip)."""
+    a, b = results_folder(a), results_folder(b)
+    return len({p.relative_to(root) for root in (a, b) for p in root.rglob("*")
+                if p.is_file() and compared(p.relative_to(root))})
+
+
+def compare_runs(a: str | Path, b: str | Path) -> list[Difference]:
+    """Every compared artifact of results folder ``a`` that differs from ``b``'s, in the order run ``a``
+    produced them (the first entry is the first artifact that differs); [] = the runs are equal. A workflow
+    folder (with a Snakefile) stands for its ``results/``. Lines of JSONL and text files count from 1.
+
+    Raises:
+        FileNotFoundError: ``a`` or ``b`` is not a folder, or neither holds a file to compare.
+    """
+    a, b = results_folder(a), results_folder(b)
     files = {p.relative_to(root) for root in (a, b) for p in root.rglob("*")
              if p.is_file() and compared(p.relative_to(root))}
+    if not files:
+        raise FileNotFoundError(f"nothing to compare: no result files in {a} or {b}")
     out = []
     for rel in sorted(files, key=lambda r: _stage_order(a if (a / r).exists() else b, r)):
         if not (a / rel).exists() or not (b / rel).exists():
@@ -197,9 +218,16 @@ def run_twice(repo: Path, workdir: Path, configfiles: list[str], targets: list[s
     """Run ``snakemake --cores cores --configfile ... targets`` in two scratch copies (``workdir/a``,
     ``workdir/b``) one after the other, then ``compare_runs`` of their results folders.
 
+    Data paths in the configs are relative to the workflow folder: the copies link ``data/`` (and ``envs/``)
+    only, so a config's own data must live under ``data/`` or be given by absolute path.
+
     Raises:
-        RuntimeError: a run failed (names the copy; its output went to the terminal).
+        RuntimeError: ``workdir/a`` or ``workdir/b`` already holds a run (snakemake would run nothing), or a run
+            failed (names the copy; its output went to the terminal).
     """
+    for name in ("a", "b"):
+        if (workdir / name / "results").exists():  # snakemake would find it up to date and run nothing
+            raise RuntimeError(f"{workdir / name} already holds a run: give a new or empty --workdir")
     for name in ("a", "b"):
         copy = scratch_copy(repo, workdir / name)
         # targets first: snakemake's --configfile takes every word after it

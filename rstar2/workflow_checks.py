@@ -19,13 +19,15 @@ import sys
 from pathlib import Path
 
 
-def validate_config(config: dict, schema_path: str) -> None:
+def validate_config(config: dict, schema_path: str, files: list = ()) -> None:
     """Validate ``config`` against the schema and fill its defaults (``snakemake.utils.validate``), but report a
-    refused value in one line naming its key path, e.g. ``config: hard_problems.k: 0 is less than the minimum
-    of 1``, instead of Snakemake's print of the whole schema and config (thousands of lines).
+    refused value in one line naming its key path and the config file that sets it, e.g. ``config:
+    hard_problems.k: 0 is less than the minimum of 1 (set in my.yaml)``, instead of Snakemake's print of the
+    whole schema and config (thousands of lines). ``files``: the config files in merge order (config.yaml first).
 
     Raises:
-        ValueError: the first (most specific, ``jsonschema.exceptions.best_match``) error.
+        ValueError: the most specific error (``jsonschema.exceptions.best_match``; an unexpected key wins over
+            the required key it was probably meant to be).
     """
     import jsonschema
     import yaml
@@ -33,12 +35,39 @@ def validate_config(config: dict, schema_path: str) -> None:
 
     schema = yaml.safe_load(open(schema_path))
     validator = jsonschema.validators.validator_for(schema)(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    relevance = jsonschema.exceptions.by_relevance(strong=frozenset({"additionalProperties", "unevaluatedProperties"}))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(config), key=relevance)
     if error is not None:
-        path = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        keys = list(error.absolute_path)
+        path = ".".join(str(p) for p in keys) or "(top level)"
         message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
-        raise ValueError(f"config: {path}: {message}")
+        where = _setting_file(files, keys)
+        raise ValueError(f"config: {path}: {message}" + (f" (set in {where})" if where else ""))
     validate(config, schema_path)
+
+
+def _setting_file(files: list, keys: list) -> str | None:
+    """The last of ``files`` (merge order) whose YAML holds the key path ``keys`` (None: none, or top level)."""
+    import yaml
+
+    if not keys:
+        return None
+    found = None
+    for f in files:
+        try:
+            node = yaml.safe_load(open(f)) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        for k in keys:
+            if isinstance(node, dict) and k in node:
+                node = node[k]
+            elif isinstance(node, list) and isinstance(k, int) and k < len(node):
+                node = node[k]
+            else:
+                break
+        else:
+            found = str(f)
+    return found
 
 
 def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[tuple[str, int]]:

@@ -485,3 +485,9 @@ def test_a_one_problem_benchmark_shows_no_interval_and_a_skipped_funnel_step_say
                               "per_source": {"a": {"loaded": 5, "label_verification": 5}}}, None)
     table = next(b for b in blocks if isinstance(b, Table))
     assert [r[0] for r in table.rows] == ["loaded", "label_verification (skipped: not enabled)"]
+    from rstar2.report import lead
+    from rstar2.report.document import Para
+
+    note = lead.lead_section({"sft": {"benchmarks": {"aime24": {"avg_at_k": 0.0}}}}, {}, {}, "arith_heldout", [])
+    assert len(note) == 1 and isinstance(note[0], Para) and "'arith_heldout'" in note[0].text \
+        and "was not evaluated in this run" in note[0].text

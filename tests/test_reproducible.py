@@ -179,7 +179,7 @@ def test_compare_runs_ignores_timing_fields_and_names_the_first_difference(tmp_p
     c = _results(tmp_path / "c", [{"step": 1, "turns": [{"text": "y", "tool_calls": []}]}], metrics, weight=2.0,
                  manifest_extra={"counts": None})
     diffs = [str(d) for d in reproduce.compare_runs(b, c)]
-    assert "rl/stage1/rollouts.jsonl: row 1, field turns[0].text: \"x\" != \"y\"" in diffs
+    assert "rl/stage1/rollouts.jsonl: line 1, field turns[0].text: \"x\" != \"y\"" in diffs
     assert "rl/stage1/model/model.safetensors: tensor b differs (max abs difference 1)" in diffs
     (c / "rl/stage1/extra.json").write_text("{}")
     assert "rl/stage1/extra.json: only in B" in [str(d) for d in reproduce.compare_runs(b, c)]
@@ -196,4 +196,26 @@ def test_compare_runs_cli_exit_codes(tmp_path, capsys):
     assert "identical" in capsys.readouterr().out
     (b / "rl/stage1/metrics.jsonl").write_text('{"step": 2}\n')
     assert cli.main(["compare-runs", str(a), str(b)]) == 1
-    assert "the first: rl/stage1/metrics.jsonl: row 1, field step: 1 != 2" in capsys.readouterr().out
+    assert "the first: rl/stage1/metrics.jsonl: line 1, field step: 1 != 2" in capsys.readouterr().out
+
+
+def test_compare_runs_reads_a_workflow_folders_results_and_refuses_nothing_to_compare(tmp_path):
+    a = _results(tmp_path / "wa" / "results", [{"step": 1}], [{"step": 1}])
+    b = _results(tmp_path / "wb" / "results", [{"step": 1}], [{"step": 1}])
+    for w in ("wa", "wb"):
+        (tmp_path / w / "Snakefile").write_text("")
+        (tmp_path / w / ".snakemake" / "metadata").mkdir(parents=True)
+        (tmp_path / w / ".snakemake" / "metadata" / "x").write_text(w)   # Snakemake's bookkeeping differs
+    assert reproduce.compare_runs(tmp_path / "wa", tmp_path / "wb") == [] == reproduce.compare_runs(a, b)
+    assert reproduce.compared_files(a, b) == 4   # rollouts, metrics, manifest, weights (the log is skipped)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="nothing to compare"):
+        reproduce.compare_runs(tmp_path / "empty", tmp_path / "empty")
+
+
+def test_reproduce_refuses_a_workdir_that_already_holds_a_run(tmp_path):
+    from pathlib import Path
+
+    (tmp_path / "a" / "results").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="already holds a run"):
+        reproduce.run_twice(Path(__file__).resolve().parents[1], tmp_path, [], [], 1)

@@ -72,9 +72,13 @@ def _pair(eval_dirs: dict[str, Path], first: str, last: str, bench: str, notes: 
 
 def lead_section(evals: dict[str, dict | None], eval_dirs: dict[str, Path], stages: dict[str, list[dict]],
                  bench: str | None, notes: list[str]) -> list:
-    """Blocks of the report's first section (empty when no lead benchmark was evaluated)."""
-    if not bench or not any(_entry(s, bench) for s in evals.values()):
+    """Blocks of the report's first section (empty without a lead benchmark; a one-line note when it was not
+    evaluated in this run, so its absence is not silent)."""
+    if not bench:
         return []
+    if not any(_entry(s, bench) for s in evals.values()):
+        return [Para(f"No learning result: the lead benchmark {bench!r} (report.lead_benchmark, else "
+                     "rl.heldout.benchmark) was not evaluated in this run; add it to evaluate.benchmarks.")]
     blocks: list = [Heading(f"Learning result: held-out accuracy on {bench}")]
     head = headline(evals, bench)
     if head:

@@ -11,7 +11,8 @@ from rstar2.workflow_checks import cached_check, check_benchmarks, check_config,
 
 
 # A refused value is one line naming its key (Snakemake's own validate prints the whole schema and config).
-validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
+validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"),
+                [os.path.join(workflow.basedir, "config.yaml"), *workflow.overwrite_configfiles])
 
 # Jobs inherit this environment: put the bin folder of the interpreter running snakemake first on PATH, so
 # the `rstar2` CLI of its virtual environment is found even when the venv was not activated.
