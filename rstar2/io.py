@@ -95,6 +95,15 @@ def append_jsonl(path: str | os.PathLike, row: dict) -> None:
         f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def digest(obj: Any) -> str:
     """A short, stable sha256 digest of a JSON-serialisable object (config digests in manifests)."""
     blob = json.dumps(obj, sort_keys=True, default=str).encode()

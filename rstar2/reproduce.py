@@ -14,13 +14,14 @@ files that are compared.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .io import file_sha256
 
 # Fields that record wall-clock time: tool-call and evaluation durations, step and stage times, timestamps.
 TIMING_FIELDS = frozenset({"duration_s", "rollout_time_s", "step_time_s", "wall_s", "wall_time_s", "finished_at"})
@@ -98,16 +99,8 @@ def _compare_text(pa: Path, pb: Path) -> str | None:
     return None if len(la) == len(lb) else f"{len(la)} != {len(lb)} lines"
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _compare_weights(pa: Path, pb: Path) -> str | None:
-    if _digest(pa) == _digest(pb):
+    if file_sha256(pa) == file_sha256(pb):
         return None
     if pa.suffix != ".safetensors":
         return "bytes differ"
@@ -139,7 +132,7 @@ def compare_file(pa: Path, pb: Path) -> str | None:
         return _compare_weights(pa, pb)
     if pa.suffix in TEXT_SUFFIXES:
         return _compare_text(pa, pb)
-    return None if _digest(pa) == _digest(pb) else "bytes differ"
+    return None if file_sha256(pa) == file_sha256(pb) else "bytes differ"
 
 
 def _stage_order(root: Path, rel: Path) -> tuple:

@@ -4,22 +4,21 @@ A stage's checkpoints live in ``results/rl/checkpoints/<stage>/`` (``checkpoint_
 declared output (``results/rl/<stage>/manifest.json``): Snakemake deletes a rule's declared outputs before
 rerunning it and would otherwise take the checkpoints with them. Each checkpoint is TRL/transformers'
 ``checkpoint-<step>/`` (model, optimizer, LR scheduler, RNG states, trainer state with the step counter,
-from which the data position follows) plus our ``rstar2_state.json`` (rollout step and RoC selection RNG),
-written last as the completeness marker. ``fingerprint.json`` ties the folder to one set of inputs: params,
+from which the data position follows) plus our ``rstar2_state.json`` (the rollout step, from which every RL
+random stream derives), written last as the completeness marker. ``fingerprint.json`` ties the folder to one set of inputs: params,
 the training data, the starting model and the reward code; any change discards the old checkpoints. The stage deletes the
 folder after its manifest is written. To force a fresh start, delete ``results/rl/checkpoints/<stage>``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
 
-from ..io import atomic_write_text, digest, write_json
+from ..io import atomic_write_text, digest, file_sha256, write_json
 
 STATE_FILE = "rstar2_state.json"   # written last into each checkpoint: marks it complete (see stages/rl.py)
 
@@ -28,14 +27,6 @@ def checkpoint_root(out_dir: str | os.PathLike) -> Path:
     """``results/rl/stageN`` -> ``results/rl/checkpoints/stageN``."""
     out = Path(out_dir)
     return out.parent / "checkpoints" / out.name
-
-
-def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # The code that defines a rollout's reward and advantage: a checkpoint trained under other rules (a grading
@@ -51,9 +42,9 @@ def fingerprint(params: dict, model_dir: str | os.PathLike, data_path: str | os.
     (names, sizes and contents of every file), the source of the reward code (``REWARD_MODULES``) and the
     marker of the optimizer state it continues from (``carried``, ``read_carried``), if any."""
     model_files = sorted(p for p in Path(model_dir).rglob("*") if p.is_file())
-    return digest({"params": params, "data": _file_sha(Path(data_path)), "carried_optimizer": carried,
-                   "model": [(str(p.relative_to(model_dir)), p.stat().st_size, _file_sha(p)) for p in model_files],
-                   "reward_code": {m: _file_sha(PACKAGE / m) for m in REWARD_MODULES}})
+    return digest({"params": params, "data": file_sha256(Path(data_path)), "carried_optimizer": carried,
+                   "model": [(str(p.relative_to(model_dir)), p.stat().st_size, file_sha256(p)) for p in model_files],
+                   "reward_code": {m: file_sha256(PACKAGE / m) for m in REWARD_MODULES}})
 
 
 def latest_complete(root: Path) -> Path | None:
