@@ -204,8 +204,8 @@ def test_same_seed_gives_identical_results_and_another_seed_differs(workdir, tmp
         assert (again / "results" / name).exists(), name   # what was compared is there
 
     other = copy_workflow(tmp_path_factory.mktemp("wf_seed1"))
-    smk(other, "--cores", "2", "--configfile", TINY, "--config", "seed=1", "results/rl/stage1/manifest.json",
-        timeout=900)
+    smk(other, "results/rl/stage1/manifest.json", "--cores", "2", "--configfile", TINY, "--config", "seed=1",
+        timeout=900)   # the target first: --config takes every word after it
     differ = {d.path for d in compare_runs(workdir / "results", other / "results")}
     assert {"rl/stage1/rollouts.jsonl", "rl/stage1/model/model.safetensors"} <= differ
 
