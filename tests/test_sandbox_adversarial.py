@@ -299,9 +299,10 @@ def test_a_slow_call_does_not_hold_back_its_batch():
         return (await slow), fast, t_fast
 
     lim = SandboxLimits(timeout_s=6.0)
-    # a batch window wide enough that all 21 calls join one batch on a loaded machine too (at 0.05 s a CI run
-    # once split them in two, and the test then checked nothing)
-    with make_client(limits=lim, workers=1, lean_workers=1, full_workers=0, slots=32, batch_timeout_s=0.5) as c:
+    # one send worker and a wide batch window, so all 21 calls surely share one batch: with the default 8 senders
+    # an idle one may take a fast call first (a thread race), and the test would then check nothing (seen in CI)
+    with make_client(limits=lim, workers=1, lean_workers=1, full_workers=0, slots=32, batch_timeout_s=0.5,
+                     send_workers=1) as c:
         slow, fast, t_fast = asyncio.run(go(c))
         assert c.batches_sent == 1  # all 21 calls travelled in one batch
     assert slow.status == "timeout" and [r.stdout for r in fast] == ["1\n"] * 20
