@@ -165,3 +165,60 @@ def test_distinct_prompts_forward_their_common_prefix_once():
     # the KV handed back covers the whole context, as without the shared prefix
     g, kv = out[1]
     assert kv.ids == prompts[1] + g[:-1] and kv.n_tokens == len(kv.ids)
+
+
+def test_rows_decode_against_one_copy_of_their_common_prefix_with_the_tokens_of_a_full_reprefill(monkeypatch):
+    """A common context prefix of >= MIN_DECODE_PREFIX tokens is held once for the decode loop (its KV read once
+    per step for all rows): greedy tokens over two turns equal a whole-context re-prefill's, and the KV handed
+    back for the next turn still covers the whole context."""
+    from rstar2.rollout import hf_cache
+
+    model, tok = _model()
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    _stop_after(model, stop, 9)
+    system = tok.encode("You are a helpful assistant who writes Python to compute exact answers. " * 6)
+    assert len(system) >= hf_cache.MIN_DECODE_PREFIX
+    prompts = [system + tok.encode(q) for q in ("What is 6 times 7?", "Add 12 and 30.", "Compute 2 ** 10.")]
+    used = []
+    real = hf_cache.shared_prefix_kv
+    monkeypatch.setattr(hf_cache, "shared_prefix_kv", lambda layers: (used.append(layers[0][0].shape[-2]),
+                                                                      real(layers))[1])
+    turn1 = decode_cached(model, [(None, p) for p in prompts], [12] * 3, stop, 0, 0.0, 1.0)
+    assert [g for g, _ in turn1] == decode_shrinking(model, prompts, [12] * 3, stop, 0, 0.0, 1.0)
+    assert used and used[0] >= len(system)
+    tool = tok.encode("<tool_response>\n42\n</tool_response>")
+    contexts = [p + g + tool for p, (g, _) in zip(prompts, turn1)]
+    rows = [(kv, ctx[kv.n_tokens:]) if kv is not None else (None, ctx) for (_, kv), ctx in zip(turn1, contexts)]
+    turn2 = decode_cached(model, rows, [12] * 3, stop, 0, 0.0, 1.0)
+    assert [g for g, _ in turn2] == decode_shrinking(model, contexts, [12] * 3, stop, 0, 0.0, 1.0)
+    assert len(used) == 2
+    g, kv = next((g, kv) for g, kv in turn2 if kv is not None)
+    plain = model(input_ids=torch.tensor([kv.ids]), position_ids=torch.arange(len(kv.ids))[None], use_cache=True)
+    for li, (k, v) in enumerate(kv.layers):
+        torch.testing.assert_close(k, plain.past_key_values.layers[li].keys[0])
+        torch.testing.assert_close(v, plain.past_key_values.layers[li].values[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_prefix_attention_equals_attention_over_the_concatenated_keys(dtype):
+    """The two-pass attention (shared prefix + each row's masked keys, merged by log-sum-exp) is the softmax
+    attention over prefix + row keys, to the dtype's rounding."""
+    import torch.nn.functional as F
+
+    from rstar2.rollout.hf_decode import _prefix_decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    B, h_kv, n_rep, D, P, L = 5, 2, 3, 16, 40, 11
+    q = torch.randn(B, h_kv * n_rep, 1, D, generator=g).to(dtype)
+    pk, pv = (torch.randn(h_kv, P, D, generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(B, h_kv, L, D, generator=g).to(dtype) for _ in range(2))
+    mask = torch.ones(B, 1, 1, L, dtype=torch.bool)
+    mask[1, ..., :4] = False   # left padding of a shorter row
+    out, _ = _prefix_decode_attention(q, k, v, mask, 0.25, (pk, pv))
+    full_k = torch.cat([pk.expand(B, -1, -1, -1), k], -2).repeat_interleave(n_rep, 1)
+    full_v = torch.cat([pv.expand(B, -1, -1, -1), v], -2).repeat_interleave(n_rep, 1)
+    full_mask = torch.cat([torch.ones(B, 1, 1, P, dtype=torch.bool), mask], -1)
+    want = F.scaled_dot_product_attention(q.double(), full_k.double(), full_v.double(), attn_mask=full_mask,
+                                          scale=0.25).transpose(1, 2)
+    tol = 1e-12 if dtype == torch.float64 else 2e-2
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)

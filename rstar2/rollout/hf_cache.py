@@ -9,7 +9,10 @@ prompt. On a CPU that prefill is a large part of a rollout step. Here:
 - rows without ``past`` whose contexts are equal (a group's prompt in turn 1) are prefilled once and copied, and
   distinct prompts forward their common prefix (system prompt and tool schema) once;
 - when a row stops on its stop token, its KV (context + generated tokens but the last) is handed back for the
-  next turn. A row cut by its token limit ends its trajectory, so nothing is kept for it.
+  next turn. A row cut by its token limit ends its trajectory, so nothing is kept for it;
+- the decode loop keeps one copy of the rows' common context prefix (``hf_decode.shared_prefix_kv``; CPU): each
+  step reads its keys and values once for all rows, not once per row (2-core Zen 4, SmolLM2-135M, 410-token
+  prompts sharing 380: 93 against 128 ms per step at 16 rows, 121 against 172 at 32; bf16).
 
 The result is the same computation as a re-prefill (same tokens, positions and masks); only the batching of the
 arithmetic differs, so values agree to rounding (``tests/test_hf_cache.py`` checks greedy tokens in float64).
@@ -22,11 +25,12 @@ positions are gathered into one contiguous run, and the decode batch is left-pad
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
-from .hf_decode import PreallocatedCache, draw_uniforms, grouped_query_decoding, sample_next
+from .hf_decode import PreallocatedCache, draw_uniforms, grouped_query_decoding, sample_next, shared_prefix_kv
 
 
 @dataclass
@@ -147,20 +151,41 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
             index[key] = len(unique)
             unique.append((past, list(new)))
     which = [index[("past", i) if p is not None else ("prompt", tuple(new))] for i, (p, new) in enumerate(rows)]
-    with grouped_query_decoding(model):
+    with grouped_query_decoding(model) as switched:
         unique = _share_prompt_prefix(model, unique, pad_id)
         logits, kv = _prefill(model, unique, pad_id)
-        width = max(len(c) for c in context)
-        cache = _left_padded([kv[u] for u in which], width, width + max(limits))
         device = logits.device
+        # the decode cache holds each row's tokens after the rows' common prefix; the prefix's KV is kept once
+        s = _common_prefix(context) if switched and device.type == "cpu" else 0
+        prefix = [(k[:, :s].contiguous(), v[:, :s].contiguous()) for k, v in kv[which[0]]] if s else None
+        width = max(len(c) for c in context) - s
+        cache = _left_padded([[(k[:, s:], v[:, s:]) for k, v in kv[u]] for u in which], width, width + max(limits))
         mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
         for i, c in enumerate(context):
-            mask[i, width - len(c):] = 1
-        return _decode(model, cache, mask, logits[torch.tensor(which, device=device)], context, limits, stop_id,
-                       temperature, top_p, keep, streams)
+            mask[i, width - len(c) + s:] = 1
+        with shared_prefix_kv(prefix) if prefix else contextlib.nullcontext():
+            return _decode(model, cache, mask, logits[torch.tensor(which, device=device)], context, limits, stop_id,
+                           temperature, top_p, keep, streams, prefix)
 
 
-def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, top_p, keep, streams):
+MIN_DECODE_PREFIX = 64   # tokens; a shorter common prefix is decoded as part of each row
+
+
+def _common_prefix(context: list[list[int]]) -> int:
+    """How many leading tokens every row's context shares (each row keeps at least one of its own), or 0 when
+    there is one row or the shared part is shorter than ``MIN_DECODE_PREFIX``."""
+    if len(context) < 2:
+        return 0
+    n = min(len(c) for c in context) - 1
+    first = context[0]
+    s = next((i for i in range(n) if any(c[i] != first[i] for c in context)), n)
+    return s if s >= MIN_DECODE_PREFIX else 0
+
+
+def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, top_p, keep, streams, prefix):
+    """The sampling loop; ``cache``/``mask`` cover each row's context after its first s tokens, whose KV is
+    ``prefix`` (per layer [H_kv, s, D], shared by every row; None: s = 0), so positions are offset by s."""
+    s = prefix[0][0].shape[-2] if prefix else 0
     device = mask.device
     n_rows = len(context)
     rows: list[int | None] = list(range(n_rows))   # input index of each batch row; None once it has finished
@@ -176,7 +201,10 @@ def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, t
             new[i].append(tok)
             if tok == stop_id or len(new[i]) >= limits[i]:
                 if keep and tok == stop_id:   # the cache holds the context and every new token but this one
-                    kept[i] = PastKV(context[i] + new[i][:-1], _gather(cache, j, mask[j].nonzero().squeeze(-1)))
+                    own = _gather(cache, j, mask[j].nonzero().squeeze(-1))
+                    if prefix:
+                        own = [(torch.cat([pk, k], -2), torch.cat([pv, v], -2)) for (pk, pv), (k, v) in zip(prefix, own)]
+                    kept[i] = PastKV(context[i] + new[i][:-1], own)
                 rows[j] = None
         live = [j for j, i in enumerate(rows) if i is not None]
         if not live:
@@ -188,6 +216,6 @@ def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, t
             mask, nxt = mask[idx], nxt[idx]
             rows = [rows[j] for j in live]
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1 + s,
                     past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1, :]
