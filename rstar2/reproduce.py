@@ -231,3 +231,18 @@ def run_twice(repo: Path, workdir: Path, configfiles: list[str], targets: list[s
         if subprocess.run(cmd, cwd=copy).returncode != 0:
             raise RuntimeError(f"run {name.upper()} in {copy} failed")
     return compare_runs(workdir / "a" / "results", workdir / "b" / "results")
+
+
+def code_version(repo: str | Path) -> str | None:
+    """The git commit of the checkout at ``repo`` (short hash), with ``-dirty`` when tracked files have uncommitted
+    changes; None when ``repo`` is not a git checkout or git is missing. Named in the report (``made_from``)."""
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")

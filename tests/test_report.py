@@ -491,3 +491,17 @@ def test_a_one_problem_benchmark_shows_no_interval_and_a_skipped_funnel_step_say
     note = lead.lead_section({"sft": {"benchmarks": {"aime24": {"avg_at_k": 0.0}}}}, {}, {}, "arith_heldout", [])
     assert len(note) == 1 and isinstance(note[0], Para) and "'arith_heldout'" in note[0].text \
         and "was not evaluated in this run" in note[0].text
+
+
+def test_the_report_names_the_model_seed_and_config_files_it_was_made_from(tmp_path):
+    params = stage_params("report")
+    params["made_from"] = {"model": {"source": "local", "path": "/models/mine", "hub_id": None}, "seed": 3,
+                           "reproducible": False, "code": "0123abcd4567-dirty", "config_overrides": {"seed": 3},
+                           "config_files": [{"path": "config.yaml", "sha256": "aaaa"},
+                                            {"path": "configs/mine.yaml", "sha256": "bbbb"}]}
+    report.run(params, {}, str(tmp_path / "r"))
+    text = (tmp_path / "r" / "summary.md").read_text()
+    assert ("Made from: model local (/models/mine); seed 3; reproducible off; config files in merge order: "
+            "config.yaml (sha256 aaaa), configs/mine.yaml (sha256 bbbb); --config seed=3; code "
+            "0123abcd4567-dirty.") in text
+    assert "Made from: model local (/models/mine)" in (tmp_path / "r" / "summary.html").read_text()

@@ -196,11 +196,14 @@ class EvaluateParams:
 @dataclass(frozen=True)
 class ReportParams:
     """``report``: title, figure resolution, sample trajectories per model and stage, and the benchmark whose
-    held-out accuracy per model leads the report (``report.lead_benchmark``, else ``rl.heldout.benchmark``)."""
+    held-out accuracy per model leads the report (``report.lead_benchmark``, else ``rl.heldout.benchmark``);
+    ``made_from``: what the run was made from, named under the title (model spec, seed, reproducible, config files).
+    """
     title: str
     dpi: int
     samples: int
     lead_benchmark: str | None
+    made_from: dict
 
 
 def merge_config(base: dict, over: dict) -> dict:
@@ -347,7 +350,13 @@ def evaluate(config: dict) -> EvaluateParams:
                           seed=config["seed"])
 
 
-def report(config: dict) -> ReportParams:
+def report(config: dict, provenance: dict | None = None) -> ReportParams:
+    """The report's params. ``provenance`` (the workflow's ``report_provenance()``): ``config_files`` (each
+    ``{"path", "sha256"}``, in merge order), ``config_overrides`` (``--config``) and ``code`` (the git commit,
+    ``-dirty`` with uncommitted changes; None outside a git checkout), named in the report beside the model and seed."""
     r = config["report"]
-    return parse(ReportParams, {**r, "lead_benchmark": r["lead_benchmark"] or config["rl"]["heldout"]["benchmark"]},
-                 "report")
+    made_from = {"model": {k: config["model"][k] for k in ("source", "path", "hub_id")}, "seed": config["seed"],
+                 "reproducible": config["reproducible"], "config_files": [], "config_overrides": {}, "code": None,
+                 **(provenance or {})}
+    return parse(ReportParams, {**r, "lead_benchmark": r["lead_benchmark"] or config["rl"]["heldout"]["benchmark"],
+                                "made_from": made_from}, "report")

@@ -12,6 +12,7 @@ be missing or empty and is then shown as "no data"). Writes into ``out_dir``:
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 import time
 from pathlib import Path
@@ -30,13 +31,27 @@ def _data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+def made_from_line(made_from: dict) -> str:
+    """One line naming the model, seed and config files a report was made from (``ReportParams.made_from``)."""
+    m = made_from["model"]
+    where = {"local": m.get("path"), "hub": m.get("hub_id")}.get(m["source"])
+    model = f"{m['source']} ({where})" if where else m["source"]
+    files = ", ".join(f"{f['path']} (sha256 {f['sha256']})" for f in made_from["config_files"]) or "none recorded"
+    overrides = made_from["config_overrides"]
+    line = (f"Made from: model {model}; seed {made_from['seed']}; reproducible "
+            f"{'on' if made_from['reproducible'] else 'off'}; config files in merge order: {files}")
+    if overrides:
+        line += "; --config " + " ".join(f"{k}={json.dumps(v)}" for k, v in overrides.items())
+    return line + f"; code {made_from['code'] or 'not a git checkout'}."
+
+
 def run(params: dict, inputs: dict, out_dir: str) -> None:
     """Build the report.
 
     Args:
         params: ``rstar2.stages.params.ReportParams`` or its JSON dict: ``dpi``, ``title``, ``samples``
             (trajectories shown per evaluated model and per RL stage), ``lead_benchmark`` (the benchmark of the
-            first section, "Learning result"; None = no such section).
+            first section, "Learning result"; None = no such section), ``made_from`` (named under the title).
         inputs: ``{"rl_stages": {"stage1": dir, ...} (any subset), "eval": {model_name: dir},
             "rl_data": dir}``; any key may be missing, any directory may lack its files.
         out_dir: e.g. ``results/report``.
@@ -51,6 +66,7 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     traj_blocks, shown = trajectories.section(got.eval_dirs, got.stage_dirs, p.samples, got.notes)
     title = p.title
     doc = Doc(title)
+    doc.add(Para(made_from_line(p.made_from)))
     doc.add(*lead.lead_section(got.evals, got.eval_dirs, got.stages, p.lead_benchmark, got.notes))
     doc.add(*sections.evaluation(got.evals), Heading("Evaluation figure", 3),
             Figure("eval.png", "avg@k per benchmark with 95% bootstrap CI, beside the paper's numbers"))

@@ -55,7 +55,7 @@ rule report:
         "results/report/summary.md",
         "results/report/trajectories.md",
     params:
-        p=to_json(stage_params.report(config)),
+        p=to_json(stage_params.report(config, report_provenance())),
         inputs=report_inputs(),
     conda:
         "../../envs/data.yaml"
