@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -23,7 +24,8 @@ def validate_config(config: dict, schema_path: str, files: list = ()) -> None:
     """Validate ``config`` against the schema and fill its defaults (``snakemake.utils.validate``), but report a
     refused value in one line naming its key path and the config file that sets it, e.g. ``config:
     hard_problems.k: 0 is less than the minimum of 1 (set in my.yaml)``, instead of Snakemake's print of the
-    whole schema and config (thousands of lines). ``files``: the config files in merge order (config.yaml first).
+    whole schema and config (thousands of lines). ``files``: the config files in merge order (config.yaml first),
+    then optionally the ``--config`` overrides as a mapping.
 
     Raises:
         ValueError: the most specific error (``jsonschema.exceptions.best_match``; an unexpected key wins over
@@ -41,23 +43,31 @@ def validate_config(config: dict, schema_path: str, files: list = ()) -> None:
         keys = list(error.absolute_path)
         path = ".".join(str(p) for p in keys) or "(top level)"
         message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
-        where = _setting_file(files, keys)
-        raise ValueError(f"config: {path}: {message}" + (f" (set in {where})" if where else ""))
+        # an unexpected key is set where it appears: look for the key itself (also at the top level)
+        extra = [k for k in (error.instance if isinstance(error.instance, dict) else {})
+                 if k not in error.schema.get("properties", {})] \
+            if error.validator in ("additionalProperties", "unevaluatedProperties") else []
+        where = _setting_file(files, keys + extra[:1])
+        raise ValueError(f"config: {path}: {message}" + (f" (set {where})" if where else ""))
     validate(config, schema_path)
 
 
 def _setting_file(files: list, keys: list) -> str | None:
-    """The last of ``files`` (merge order) whose YAML holds the key path ``keys`` (None: none, or top level)."""
+    """Where the key path ``keys`` is set: "in <file>" for the last of ``files`` (merge order) whose YAML holds it,
+    "with --config" when that is an entry that is a mapping (Snakemake's ``--config`` overrides); None: nowhere."""
     import yaml
 
     if not keys:
         return None
     found = None
     for f in files:
-        try:
-            node = yaml.safe_load(open(f)) or {}
-        except (OSError, yaml.YAMLError):
-            continue
+        if isinstance(f, Mapping):
+            node, label = dict(f), "with --config"
+        else:
+            try:
+                node, label = yaml.safe_load(open(f)) or {}, f"in {f}"
+            except (OSError, yaml.YAMLError):
+                continue
         for k in keys:
             if isinstance(node, dict) and k in node:
                 node = node[k]
@@ -66,7 +76,7 @@ def _setting_file(files: list, keys: list) -> str | None:
             else:
                 break
         else:
-            found = str(f)
+            found = label
     return found
 
 
@@ -76,10 +86,21 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
     Returns:
         The ablation runs ``[(mode, seed), ...]`` (every mode with every seed; empty without an ablation).
     Raises:
-        ValueError: RL stages enabled out of order, an evaluated model this run does not train, a benchmark name
+        ValueError: a local model whose folder does not exist, two rl_data sources of one name, RL stages
+            enabled out of order, an evaluated model this run does not train, a benchmark name
             (held-out, decontamination, evaluation, per-benchmark limit, report lead) that is not defined, an enabled stage no rl_data source trains, or an ablation with modes but no
             seeds (or the reverse).
     """
+    for key, spec in (("model", config["model"]),
+                      ("label_verification.model", config["label_verification"]["model"]
+                       if config["label_verification"]["enabled"] else None)):
+        if spec and spec.get("source") == "local" and not (spec.get("path") and os.path.isdir(spec["path"])):
+            raise ValueError(f"config: {key}.source is local, but {key}.path {spec.get('path')!r} is not a folder "
+                             "(a transformers model folder: config.json, weights, tokenizer)")
+    names = [s["name"] for s in config["rl_data"]["sources"]]
+    if len(set(names)) < len(names):
+        raise ValueError(f"config: rl_data.sources names {sorted({n for n in names if names.count(n) > 1})} more than "
+                         "once (a source's name prefixes its problem ids and names it in the funnel)")
     if rl_stages != ["stage1", "stage2", "stage3"][: len(rl_stages)]:
         raise ValueError(f"config: rl.stages must enable stage1, stage1-2 or stage1-3 in order; enabled: {rl_stages}")
     known = set(config["benchmarks"])
@@ -166,6 +187,39 @@ def _file_key(path: str) -> list:
         return [path, None, None]
 
 
+def _stamp(cache_dir: str, tag: str, payload: dict, files: list[str]) -> Path:
+    """The file whose existence records that the check ``tag`` passed on ``payload`` and these files' sizes and
+    mtimes (an edited file or setting gives another stamp, so the check runs again)."""
+    key = hashlib.sha256(json.dumps({**payload, "files": [_file_key(f) for f in files]}, sort_keys=True,
+                                    default=str).encode()).hexdigest()
+    return Path(cache_dir) / f"{tag}-{key[:32]}.ok"
+
+
+def check_rl_sources(config: dict, cache_dir: str) -> None:
+    """Load every local rl_data source now, so a wrong field mapping, filter column or bad row fails before the
+    first job starts, not when rl_candidates runs. The full load takes about a second for the bundled pools, so a
+    passed check is cached by the sources' settings and their files' sizes and mtimes. Hub ids are not fetched.
+
+    Raises:
+        ValueError: ``config: rl_data.sources[i] (<name>) cannot be loaded: ...`` with ``load_source``'s message
+            (dataset, file, row, field).
+    """
+    # a missing file is left to check_data_files, whose message says what to do about it
+    sources = [(i, s) for i, s in enumerate(config["rl_data"]["sources"]) if os.path.exists(s["path"])]
+    stamp = _stamp(cache_dir, "rl-sources", {"sources": [s for _, s in sources]}, [s["path"] for _, s in sources])
+    if stamp.exists():
+        return
+    from .data.loaders import load_source
+
+    for i, src in sources:
+        try:
+            load_source(src)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"config: rl_data.sources[{i}] ({src['name']}) cannot be loaded: {e}") from None
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps({"sources": [s["name"] for _, s in sources]}) + "\n")
+
+
 def cached_check(config: dict, cache_dir: str) -> None:
     """The held-out benchmark checks of ``check_heldout``, skipped when the same check passed before.
 
@@ -179,9 +233,8 @@ def cached_check(config: dict, cache_dir: str) -> None:
     sources = [] if decontaminated else config["rl_data"]["sources"]
     spec = config["benchmarks"][name]
     files = [spec["path"]] + [s["path"] for s in sources]
-    key = hashlib.sha256(json.dumps({"name": name, "spec": spec, "sources": sources, "decontaminated": decontaminated,
-                                     "files": [_file_key(f) for f in files]}, sort_keys=True).encode()).hexdigest()
-    stamp = Path(cache_dir) / f"heldout-{key[:32]}.ok"
+    stamp = _stamp(cache_dir, "heldout", {"name": name, "spec": spec, "sources": sources,
+                                          "decontaminated": decontaminated}, files)
     if stamp.exists():
         _warn_answer_type(name, spec)  # not cached: a warning is shown on every run, not only the first
         return

@@ -511,3 +511,16 @@ def test_prompt_length_reads_the_tokenizer_from_the_base_model_folder(tmp_path, 
     funnel = read_json(tmp_path / "out" / "funnel.json")
     assert funnel["step_status"]["prompt_length"] == "done" and 200 < funnel["prompt_length"]["longest"] < 2048
     assert str(folder) in read_json(tmp_path / "out" / "manifest.json")["inputs"]
+
+
+def test_a_filter_value_no_row_has_fails_naming_the_value_and_the_columns_values():
+    """``one-step`` for ``one_step`` would silently drop a whole kind of problem from a stage's data."""
+    from rstar2.data.loaders import load_source
+
+    spec = {"name": "arith", "path": "data/learning/train.jsonl", "fields": {"problem": "problem", "answer": "answer"},
+            "filters": {"kind": ["bare", "one-step"]}}
+    with pytest.raises(ValueError, match=r"filter kind: value\(s\) \['one-step'\] match no row; the column has "
+                                         r"\['bare', 'one_step', 'two_step', 'word'\]"):
+        load_source(spec)
+    spec["filters"] = {"kind": ["bare", "one_step"]}
+    assert {r["id"] for r in load_source(spec)}   # the right spelling loads

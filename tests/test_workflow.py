@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import copy_workflow, kill_group_when
+from rstar2.io import file_sha256
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 TINY = "configs/tiny.yaml"
@@ -119,6 +120,21 @@ def test_an_evaluated_benchmark_with_a_wrong_field_mapping_fails_before_any_job_
     assert "statement" in out
 
 
+def test_an_rl_data_source_with_a_wrong_field_mapping_fails_before_any_job_runs_and_a_good_one_is_cached(
+        workdir, tmp_path):
+    cfg = tmp_path / "bad_source.yaml"
+    cfg.write_text("rl_data: {sources: [{name: mine, path: data/learning/train.jsonl, fields: {problem: question, "
+                   "answer: answer}}]}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
+    out = proc.stderr + proc.stdout
+    assert proc.returncode != 0 and "config: rl_data.sources[0] (mine) cannot be loaded" in out, out[-2000:]
+    assert "'question'" in out and "data/learning/train.jsonl" in out
+    stamps = workdir / ".snakemake/rstar2_checks"
+    before = set(stamps.glob("rl-sources-*.ok")) if stamps.exists() else set()
+    smk(workdir, "-n", "--configfile", TINY)
+    assert len(set(stamps.glob("rl-sources-*.ok")) - before) <= 1 and list(stamps.glob("rl-sources-*.ok"))
+
+
 def test_a_heldout_benchmark_graded_unlike_the_reward_warns_and_ids_may_be_row_indices(workdir, tmp_path):
     own = tmp_path / "own_heldout.yaml"   # a user's own held-out set: no answer_type (math), fields.id null
     own.write_text("benchmarks: {my_ho: {path: data/learning/heldout.jsonl, fields: {problem: problem, "
@@ -150,7 +166,27 @@ def test_bad_config_value_names_the_key(workdir, tmp_path):
     typo.write_text((workdir / TINY).read_text() + "\nrll: {steps: 3}\n")
     proc = smk(workdir, "-n", "--configfile", str(typo), check=False)
     assert proc.returncode != 0 and "config: (top level): Additional properties are not allowed ('rll' was " \
-        "unexpected)" in proc.stderr + proc.stdout
+        f"unexpected) (set in {typo})" in proc.stderr + proc.stdout
+    # a value given with --config is named as such, not as the file it overrides
+    proc = smk(workdir, "-n", "--configfile", TINY, "--config", "seed=abc", check=False)
+    assert proc.returncode != 0 and "config: seed: 'abc' is not of type 'integer' (set with --config)" in \
+        proc.stderr + proc.stdout
+
+
+def test_two_rl_data_sources_of_one_name_fail_before_any_job_runs(workdir, tmp_path):
+    cfg = tmp_path / "dup.yaml"
+    src = "{name: mine, path: data/learning/train.jsonl, fields: {problem: problem, answer: answer}}"
+    cfg.write_text(f"rl_data: {{sources: [{src}, {src}]}}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
+    assert proc.returncode != 0 and "config: rl_data.sources names ['mine'] more than once" in proc.stderr + proc.stdout
+
+
+def test_a_local_model_whose_folder_does_not_exist_fails_before_any_job_runs(workdir, tmp_path):
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text(f"model: {{source: local, path: {tmp_path / 'no_model'}}}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
+    assert proc.returncode != 0 and f"config: model.source is local, but model.path '{tmp_path / 'no_model'}' is " \
+        "not a folder" in proc.stderr + proc.stdout
 
 
 @pytest.mark.slow
@@ -173,6 +209,11 @@ def test_killed_mid_stage_then_completes(workdir):
         assert (workdir / "results" / stage / "manifest.json").exists(), stage
     report = workdir / "results/report"
     assert (report / "summary.md").read_text().count("|") > 20
+    # under the title: what the run was made from (the model, the seed, the --configfile given)
+    made = re.search(r"Made from: model tiny_qwen3; seed 0; reproducible on; config files in merge order: "
+                     r"config.yaml \(sha256 [0-9a-f]{12}\), configs/tiny.yaml \(sha256 ([0-9a-f]{12})\); code [^\n]+\.",
+                     (report / "summary.md").read_text())
+    assert made and made.group(1) == file_sha256(workdir / TINY)[:12], (report / "summary.md").read_text()[:600]
     for png in ("training_curves.png", "eval.png", "funnel.png"):
         assert (report / png).stat().st_size > 1000
     # IFEval and BFCL went through their checkers (one prompt; one question per BFCL category)
@@ -236,13 +277,14 @@ def test_deleted_stage2_reruns_stage2_and_dependents_only(workdir):
     # How the sandbox runs (batching, pool size) does not change results: changing it reruns nothing.
     perf = workdir / "configs/tiny_sandbox.yaml"
     perf.write_text(text + "\nsandbox: {batch_size: 32, slots: 8, batch_timeout_s: 0.01}\n")
-    assert planned_jobs(workdir, str(perf)) == {}
+    # (the report alone is redone: it names the config files it was made from)
+    assert planned_jobs(workdir, str(perf)) == {"report": 1, "all": 1}
 
     # A benchmark that curation does not decontaminate against is none of rl_data's business.
     extra = workdir / "configs/tiny_extra_bench.yaml"
     extra.write_text(text + "\nbenchmarks:\n  more: {path: data/eval/amc23/test.jsonl, fields: {problem: problem, "
                             "answer: answer, id: id}, answer_type: integer}\n")
-    assert planned_jobs(workdir, str(extra)) == {}
+    assert planned_jobs(workdir, str(extra)) == {"report": 1, "all": 1}   # the report: another config file
 
 
 @pytest.mark.slow
@@ -296,10 +338,11 @@ def test_custom_dataset_through_config_alone(tmp_path):
     broken.write_text((wd / "configs/custom_data.example.yaml").read_text().replace("answer: final", "answer: gold"))
     proc = smk(wd, "--cores", "1", "--forcerun", "rl_candidates", "results/rl_data/manifest.json", "--configfile",
                str(broken), check=False)
-    assert proc.returncode != 0
-    log = (wd / "logs/rl_candidates.log").read_text()
-    assert "dataset 'my_problems'" in log and "missing field 'gold'" in log and "row 0" in log
-    assert "Traceback" not in log
+    # found when the DAG is built, before any job (rstar2.workflow_checks.check_rl_sources)
+    out = proc.stderr + proc.stdout
+    assert proc.returncode != 0 and "config: rl_data.sources[0] (my_problems) cannot be loaded" in out
+    assert "dataset 'my_problems'" in out and "missing field 'gold'" in out and "row 0" in out
+    assert "Traceback" not in out
 
 
 def test_missing_data_file_fails_at_parse_time_even_with_old_outputs(tmp_path):

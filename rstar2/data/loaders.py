@@ -276,12 +276,25 @@ def _is_null(value: Any) -> bool:
 def _filtered_indices(records: list[dict], filters: dict, context: _Context) -> list[int]:
     keep = list(range(len(records)))
     for col, wanted in filters.items():
-        got = [_resolve(records[i], col) for i in keep]
+        column = [_resolve(r, col) for r in records]
+        got = [column[i] for i in keep]
         if keep and all(v is _MISSING for v in got):
             raise context.error(f"filter column '{col}' is missing in every row")
         allowed = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+        _check_filter_values(col, allowed, column, context)
         keep = [i for i, v in zip(keep, got) if v is not _MISSING and v in allowed]
     return keep
+
+
+def _check_filter_values(col: str, allowed, column: list, context: _Context) -> None:
+    """A filter value that no row of the file has is a typo (``one-step`` for ``one_step``), which would silently
+    drop a whole kind of problem: fail, naming the value and the column's values (the first 12)."""
+    present = {v for v in column if v is not _MISSING and isinstance(v, (str, int, float, bool))}
+    unknown = [v for v in allowed if v not in present]
+    if unknown and present:
+        shown = sorted(map(str, present))
+        more = f", ... ({len(shown)} in all)" if len(shown) > 12 else ""
+        raise context.error(f"filter {col}: value(s) {unknown} match no row; the column has {shown[:12]}{more}")
 
 
 def _missing_field(values: list, keep: list[int], role: str, col: str,

@@ -6,13 +6,17 @@ import json
 import os
 import sys
 
+from rstar2.io import file_sha256
+from rstar2.reproduce import code_version
 from rstar2.stages import params as stage_params
-from rstar2.workflow_checks import cached_check, check_benchmarks, check_config, check_data_files, validate_config
+from rstar2.workflow_checks import (cached_check, check_benchmarks, check_config, check_data_files, check_rl_sources,
+                                    validate_config)
 
 
 # A refused value is one line naming its key (Snakemake's own validate prints the whole schema and config).
 validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"),
-                [os.path.join(workflow.basedir, "config.yaml"), *workflow.overwrite_configfiles])
+                [os.path.join(workflow.basedir, "config.yaml"), *workflow.overwrite_configfiles,
+                 dict(workflow.config_settings.config)])
 
 # Jobs inherit this environment: put the bin folder of the interpreter running snakemake first on PATH, so
 # the `rstar2` CLI of its virtual environment is found even when the venv was not activated.
@@ -37,8 +41,18 @@ ABLATION_RUNS = check_config(config, RL_STAGES, MODEL_DIRS)
 # Files: every local dataset must exist; the RL held-out benchmark must load and share no problem with the training
 # sources. Loading the sources is the slow part, so its result is cached by the files' size and mtime.
 cached_check(config, ".snakemake/rstar2_checks")
+# Every local rl_data source loads (field mapping, filters, rows) before any job starts; cached the same way.
+check_rl_sources(config, ".snakemake/rstar2_checks")
 # Every local benchmark the evaluate stage reads loads now (field mapping, rows), not after SFT.
 check_benchmarks(config)
+
+
+def report_provenance():
+    """What the report names under its title: the config files in merge order with a digest of each, the --config
+    overrides and the code's git commit (rstar2.stages.params.report)."""
+    files = [os.path.join(workflow.basedir, "config.yaml"), *workflow.overwrite_configfiles]
+    return {"config_files": [{"path": os.path.relpath(f), "sha256": file_sha256(f)[:12]} for f in files],
+            "config_overrides": dict(workflow.config_settings.config), "code": code_version(workflow.basedir)}
 
 
 def to_json(p):
