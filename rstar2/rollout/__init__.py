@@ -7,8 +7,6 @@ by default), runs every trajectory to its end and grades it.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Callable
 
 from .. import sandbox
@@ -17,6 +15,7 @@ from .agent_loop import (AgentLoop, DelayedToolRunner, Progress, RolloutConfig, 
 from .central import CentralDispatch, run_centrally
 from .central import for_trainer as central_for_trainer
 from .engines import Generation, HFEngine, engines_for_trainer, inference_copy
+from .lane import run_async
 from .scheduler import Scheduler
 from .servers import OpenAIEngine, server_engines
 from .vllm_engines import AsyncVLLMEngine, StepVLLMEngine, start_async_llm
@@ -25,27 +24,6 @@ __all__ = ["AgentLoop", "AsyncVLLMEngine", "CentralDispatch", "DelayedToolRunner
            "OpenAIEngine", "Progress", "RolloutConfig", "Scheduler", "StepVLLMEngine", "ToolConfig", "ToolRunner",
            "Trajectory", "central_for_trainer", "default_engines", "engines_for_trainer", "grade_all", "run_async",
            "run_rollouts", "sample_groups", "server_engines"]
-
-
-def run_async(coro):
-    """Run a coroutine to completion from synchronous code, also when the caller's thread has a running loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box = {}
-
-    def target():
-        try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as e:  # re-raised in the caller's thread
-            box["error"] = e
-    th = threading.Thread(target=target)
-    th.start()
-    th.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 _VLLM_CACHE: dict = {}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 
+from .lane import run_blocking
 from .protocol import Engine, Generation, TurnRequest, normalise_finish  # noqa: F401 (the protocol, re-exported)
 from .servers import OpenAIEngine, kv_tokens_from_metrics, server_engines  # noqa: F401 (importable from here)
 from .vllm_engines import StepVLLMEngine
@@ -141,7 +142,7 @@ class BatchingEngine:
     async def _run(self, batch: list) -> None:
         self.batch_keys.append([r.key for r, _ in batch])
         try:
-            outs = await asyncio.to_thread(self._generate_batch, [r for r, _ in batch])
+            outs = await run_blocking(self._generate_batch, [r for r, _ in batch])
         except Exception as e:  # every waiter sees the failure; the worker keeps serving
             for _, fut in batch:
                 if not fut.done():
