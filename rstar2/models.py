@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .memory import tune_allocator
+
 SOURCES = ("local", "hub", "smollm2_wheel", "tiny_qwen3")
 
 
@@ -117,7 +119,9 @@ def materialise(params: dict, out_dir: str | os.PathLike) -> dict:
 
 
 def load(path: str | os.PathLike, threads: int | None = None):
-    """Load a materialised model folder (fp32) and its tokenizer."""
+    """Load a materialised model folder (fp32) and its tokenizer, for training or generation in this process
+    (which also tunes glibc's allocator for it: ``memory.tune_allocator``)."""
+    tune_allocator()
     if threads:
         torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
