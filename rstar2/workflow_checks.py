@@ -88,8 +88,9 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
     Raises:
         ValueError: a local model whose folder does not exist, two rl_data sources of one name, RL stages
             enabled out of order, an evaluated model this run does not train, a benchmark name
-            (held-out, decontamination, evaluation, per-benchmark limit, report lead) that is not defined, an enabled stage no rl_data source trains, or an ablation with modes but no
-            seeds (or the reverse).
+            (held-out, decontamination, evaluation, per-benchmark limit, report lead) that is not defined, an
+            enabled stage no rl_data source trains, hard_problems.min_passes not below k with stage 3 enabled, or an
+            ablation with modes but no seeds (or the reverse).
     """
     for key, spec in (("model", config["model"]),
                       ("label_verification.model", config["label_verification"]["model"]
@@ -103,6 +104,10 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
                          "once (a source's name prefixes its problem ids and names it in the funnel)")
     if rl_stages != ["stage1", "stage2", "stage3"][: len(rl_stages)]:
         raise ValueError(f"config: rl.stages must enable stage1, stage1-2 or stage1-3 in order; enabled: {rl_stages}")
+    hp = config["hard_problems"]
+    if "stage3" in rl_stages and hp["min_passes"] >= hp["k"]:
+        raise ValueError(f"config: hard_problems.min_passes ({hp['min_passes']}) must be below hard_problems.k "
+                         f"({hp['k']}): no mined problem could be kept for stage 3")
     known = set(config["benchmarks"])
     heldout = config["rl"]["heldout"]["benchmark"]
     if heldout is not None and heldout not in known:

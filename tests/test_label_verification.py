@@ -130,4 +130,17 @@ def test_hard_problem_mining_records_pass_counts_and_drops_k_of_k(tmp_path, qwen
     counts = {r["answer"]: (r["passes"], r["k"]) for r in read_jsonl(out / "pass_counts.jsonl")}
     assert counts == {"7": (2, 2), "5": (1, 2), "4": (0, 2)}
     assert sorted(r["answer"] for r in read_jsonl(out / "hard.jsonl")) == ["4", "5"]
-    assert read_json(out / "manifest.json")["counts"] == {"mined": 3, "hard": 2, "solved_k_of_k": 1}
+    assert read_json(out / "manifest.json")["counts"] == {"mined": 3, "hard": 2, "solved_k_of_k": 1,
+                                                          "below_min_passes": 0}
+
+    # min_passes 1: only problems the policy solves sometimes (the 0-of-2 one is dropped too)
+    params["min_passes"] = 1
+    hard_problems.run(params, "unused", str(data), str(tmp_path / "hard1"),
+                      model_and_tokenizer=(CyclingVerifier(qwen_tokenizer, answers), qwen_tokenizer))
+    assert [r["answer"] for r in read_jsonl(tmp_path / "hard1" / "hard.jsonl")] == ["5"]
+    assert read_json(tmp_path / "hard1" / "manifest.json")["counts"] == {"mined": 3, "hard": 1, "solved_k_of_k": 1,
+                                                                        "below_min_passes": 1}
+    params["min_passes"] = 2
+    with pytest.raises(ValueError, match=r"min_passes must be below k \(2\), got 2"):
+        hard_problems.run(params, "unused", str(data), str(tmp_path / "hard2"),
+                          model_and_tokenizer=(CyclingVerifier(qwen_tokenizer, answers), qwen_tokenizer))

@@ -181,6 +181,14 @@ def test_two_rl_data_sources_of_one_name_fail_before_any_job_runs(workdir, tmp_p
     assert proc.returncode != 0 and "config: rl_data.sources names ['mine'] more than once" in proc.stderr + proc.stdout
 
 
+def test_hard_problem_mining_that_could_keep_nothing_fails_before_any_job_runs(workdir, tmp_path):
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text("hard_problems: {k: 2, min_passes: 2}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
+    assert proc.returncode != 0 and "config: hard_problems.min_passes (2) must be below hard_problems.k (2)" in \
+        proc.stderr + proc.stdout
+
+
 def test_a_local_model_whose_folder_does_not_exist_fails_before_any_job_runs(workdir, tmp_path):
     cfg = tmp_path / "mine.yaml"
     cfg.write_text(f"model: {{source: local, path: {tmp_path / 'no_model'}}}\n")

@@ -172,9 +172,11 @@ class RLParams:
 
 @dataclass(frozen=True)
 class HardProblemsParams:
-    """``hard_problems`` (paper §4.3): k rollouts per problem with the stage-2 policy; keep those not solved k/k.
-    ``sources``: the rl_data sources stage 3 trains on (those whose ``stages`` list stage3; None = all)."""
+    """``hard_problems`` (paper §4.3): k rollouts per problem with the stage-2 policy; keep those solved at least
+    ``min_passes`` times but not k/k (paper: min_passes 0). ``sources``: the rl_data sources stage 3 trains on
+    (those whose ``stages`` list stage3; None = all)."""
     k: int
+    min_passes: int
     subset_size: int
     sources: list | None
     rollout: RolloutConfig
@@ -336,7 +338,7 @@ def stage_sources(config: dict, stage: str) -> list[str] | None:
 
 def hard_problems(config: dict) -> HardProblemsParams:
     hp, rl = config["hard_problems"], config["rl"]
-    return HardProblemsParams(k=hp["k"], subset_size=hp["subset_size"], sources=stage_sources(config, "stage3"),
+    return HardProblemsParams(k=hp["k"], min_passes=hp["min_passes"], subset_size=hp["subset_size"], sources=stage_sources(config, "stage3"),
                               rollout=_rollout(config, hp, rl["temperature"], rl["top_p"], rl["batch_size"]),
                               seed=config["seed"])
 
