@@ -5,7 +5,10 @@ GRPO-RoC selection, one TRL update per step) for ``--steps`` steps from one SFT 
 (``rollout.kv_reuse: false``: every turn re-prefills its whole context, each of a group's 2G rollouts prefills the
 prompt; ``distributed.shared_prefix: false``: the update forwards every row whole) and on the new one (each
 trajectory's KV cache kept across turns, a group's prompt prefilled once, the update forwards the batch's shared
-prompt prefix once), in fresh processes, alternating ``--rounds`` times. Same config, seed and prompts; sampling draws
+prompt prefix once; and the process runtime of today: decoding on the thread that started the rollouts
+(``rstar2/rollout/lane.py``, the old path decodes on a worker thread) and glibc's allocator tuned at model load
+(``rstar2.memory.tune_allocator``, the old path keeps glibc's defaults)), in fresh processes, alternating ``--rounds``
+times. Same config, seed and prompts; sampling draws
 from per-trajectory counter-based streams, so both paths sample the same tokens wherever their logits agree (bf16
 rounding can flip a rare token: the script counts identical trajectories and tokens, so "equal work" is checked,
 not assumed).
@@ -44,7 +47,15 @@ def spy(self, *a, **k):
     init(self, *a, **k)
     made.append(self)
 engines.HFEngine.__init__ = spy
-params, model, data, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+params, model, data, out, runtime = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
+if runtime.get("decode_on_worker_thread"):   # the old path: every batch on asyncio's worker thread
+    import asyncio
+    async def on_worker(fn, *args):
+        return await asyncio.to_thread(fn, *args)
+    engines.run_blocking = on_worker
+if runtime.get("default_allocator"):         # the old path: glibc's default mmap threshold and trimming
+    from rstar2 import models
+    models.tune_allocator = lambda: False
 rl.run(params, model, data, out)
 json.dump({"prefilled": [e.prefilled_tokens for e in made]}, open(out + "/engines.json", "w"))
 """
@@ -54,6 +65,8 @@ json.dump({"prefilled": [e.prefilled_tokens for e in made]}, open(out + "/engine
 ARMS = {"kv": {"old": {"rollout": {"kv_reuse": False}, "distributed": {"shared_prefix": False}},
                "new": {"rollout": {"kv_reuse": True}, "distributed": {"shared_prefix": True}}},
         "reproducible": {"off": {"reproducible": False}, "on": {"reproducible": True}}}
+# what the child process changes in the code itself (no config key selects it): the old runtime
+RUNTIME = {"old": {"decode_on_worker_thread": True, "default_allocator": True}}
 
 
 def _params(config: str, steps: int, arm: dict, seed: int, fp32: bool, heldout: int) -> dict:
@@ -65,14 +78,16 @@ def _params(config: str, steps: int, arm: dict, seed: int, fp32: bool, heldout: 
     ho = {"every": steps, "limit": heldout} if heldout else {"benchmark": None}
     cfg = P.validated_config(REPO, (config,), (precision, arm, {"seed": seed, "rl": {
         "checkpoint_every": 0, "heldout": ho, "stages": {"stage1": {"steps": steps}}}},))
-    return to_dict(P.rl(cfg, "stage1"))
+    # every row of --data (the config's per-stage source names would select from rl_data's own sources)
+    return {**to_dict(P.rl(cfg, "stage1")), "sources": None}
 
 
-def run_once(model: str, data: str, params: dict, workdir: Path) -> dict:
+def run_once(model: str, data: str, params: dict, workdir: Path, runtime: dict) -> dict:
     out = workdir / "stage1"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONUNBUFFERED": "1"}
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params), model, data, str(out)], cwd=REPO, env=env,
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params), model, data, str(out), json.dumps(runtime)],
+                       cwd=REPO, env=env,
                        capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"RL stage failed:\n{r.stderr[-3000:]}")
@@ -119,8 +134,8 @@ def main() -> None:
         for rnd in range(a.rounds):
             for path in ((A, B) if rnd % 2 == 0 else (B, A)):
                 wd = Path(tmp) / f"{path}{rnd}"
-                runs[path].append(run_once(a.model, data, _params(a.config, a.steps, arms[path], a.seed, a.fp32,
-                                                                    a.heldout), wd))
+                params = _params(a.config, a.steps, arms[path], a.seed, a.fp32, a.heldout)
+                runs[path].append(run_once(a.model, data, params, wd, RUNTIME.get(path, {}) if a.compare == "kv" else {}))
                 s = summary(runs[path][-1])
                 print(f"round {rnd} {path}: {s['step_s']:.1f} s/step (rollout {s['rollout_s']:.1f}, update "
                       f"{s['update_s']:.1f}), {s['generated']} generated, {s['prefilled']} prefilled tokens; per step "
