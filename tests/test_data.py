@@ -524,3 +524,16 @@ def test_a_filter_value_no_row_has_fails_naming_the_value_and_the_columns_values
         load_source(spec)
     spec["filters"] = {"kind": ["bare", "one_step"]}
     assert {r["id"] for r in load_source(spec)}   # the right spelling loads
+
+
+def test_a_broken_csv_or_parquet_file_is_named_in_the_error(tmp_path):
+    from rstar2.data.loaders import load_source
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text('problem,answer\n"what is 1 + 1,2\n')   # a quote that never closes
+    with pytest.raises(ValueError, match=r"dataset 'mine' \(file .*bad\.csv\): not a readable CSV file: .*EOF"):
+        load_source({"name": "mine", "path": str(bad), "fields": {"problem": "problem", "answer": "answer"}})
+    broken = tmp_path / "bad.parquet"
+    broken.write_bytes(b"PAR1 not really")
+    with pytest.raises(ValueError, match=r"dataset 'mine' \(file .*bad\.parquet\): not a readable parquet file"):
+        load_source({"name": "mine", "path": str(broken), "fields": {"problem": "problem", "answer": "answer"}})

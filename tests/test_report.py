@@ -140,10 +140,10 @@ def test_report_full(tmp_path, fake_inputs):
     assert "| aime24 | 21 |" in md
 
     # training summary: steps, first/last reward, the quantities of paper Figs. 4, 8, 9, wall time
-    assert "| stage1 | 10 | 0.260 | 0.350 | 0.260 | 0.350 | 1100 | 0.050 | 0.020 | 0.300 | 10.0 min |" in md
-    assert "| stage2 | 4 | 0.500 | 0.500 |" in md  # the half-written 5th line is skipped ...
+    assert "| stage1 | – | – | 10 | 0.260 | 0.350 | 0.260 | 0.350 | 1100 | 0.050 | 0.020 | 0.300 | 10.0 min |" in md
+    assert "| stage2 | – | – | 4 | 0.500 | 0.500 |" in md  # the half-written 5th line is skipped ...
     assert "line 5 is not valid JSON" in md        # ... with a note
-    assert "| stage3 | 0 | no data |" in md
+    assert "| stage3 | – | – | 0 | no data |" in md
 
     # sample trajectories: reasoning, code, output, answer; eval samples and the last RL step only
     traj = (out / "trajectories.md").read_text()
@@ -247,7 +247,7 @@ def test_report_with_missing_files(tmp_path):
     md, _ = _check_outputs(out)
     assert "Evaluation: no data." in md
     assert "Data funnel: no data." in md
-    assert "| stage1 | 0 | no data |" in md
+    assert "| stage1 | – | – | 0 | no data |" in md
     assert "unreadable" in md
 
 
@@ -262,7 +262,7 @@ def test_report_partial_stages_and_percent_values(tmp_path):
     md, _ = _check_outputs(out)
     assert "| m | this run | 70.0 [60.0, 80.0] |" in md
     assert "| rStar2-Agent-14B | paper Table 3 (avg@16) | 97.8 |" in md
-    assert "| stage2 | 2 | 0.400 | 0.400 |" in md
+    assert "| stage2 | – | – | 2 | 0.400 | 0.400 |" in md
 
 
 def test_cumulative_x():
@@ -505,3 +505,17 @@ def test_the_report_names_the_model_seed_and_config_files_it_was_made_from(tmp_p
             "config.yaml (sha256 aaaa), configs/mine.yaml (sha256 bbbb); --config seed=3; code "
             "0123abcd4567-dirty.") in text
     assert "Made from: model local (/models/mine)" in (tmp_path / "r" / "summary.html").read_text()
+
+
+def test_the_training_table_says_what_each_stage_trained_on(tmp_path):
+    d = tmp_path / "stage3"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("".join(json.dumps(_metrics_row(i, 0.5)) + "\n" for i in (1, 2, 3, 4)))
+    (d / "manifest.json").write_text(json.dumps({
+        "stage": "rl_stage3", "params": {"sources": ["arith_easy", "arith_hard"]},
+        "inputs": ["results/rl/stage2/model", "results/hard_problems/hard.jsonl"],
+        "counts": {"steps": 4, "updates_skipped": 1, "train_problems": 13}}))
+    out = tmp_path / "out"
+    report.run(_rp(), {"rl_stages": {"stage3": str(d)}}, str(out))
+    row = next(line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| stage3 |"))
+    assert row.startswith("| stage3 | arith_easy, arith_hard (hard.jsonl) | 13 / 3 | 4 |"), row

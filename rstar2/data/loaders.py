@@ -130,10 +130,16 @@ def read_table(spec: dict, base_dir: Path | str = WORKING_DIR) -> tuple[pd.DataF
                                 "relative paths start at the folder snakemake runs in)")
     fmt = spec.get("format") or _EXTENSION_FORMATS.get(path.suffix.lower())
     if fmt == "parquet":
-        return pd.read_parquet(path), where
+        try:
+            return pd.read_parquet(path), where
+        except (OSError, ValueError) as e:  # pyarrow's message names no file
+            raise ValueError(f"dataset '{name}' (file {path}): not a readable parquet file: {e}") from None
     if fmt == "csv":
         # dtype=str + keep_default_na=False: "NA", "None", "042" stay text; only an empty cell is missing.
-        return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]), where
+        try:
+            return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]), where
+        except (pd.errors.ParserError, UnicodeDecodeError) as e:  # pandas' message ("row 1") names no file
+            raise ValueError(f"dataset '{name}' (file {path}): not a readable CSV file: {e}") from None
     if fmt in ("json", "jsonl"):
         # A ".json" file may hold JSON Lines (BFCL does this); decide by the first character.
         lines = fmt == "jsonl" or _first_char(path) != "["

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from . import paper
 from .canvas import NO_DATA
 from .document import Figure, Heading, Para, Table
@@ -195,28 +197,48 @@ def _stage_stats(rows: list[dict], manifest: dict | None) -> dict:
     }
 
 
+def _trained_on(manifest: dict | None) -> tuple[str, str]:
+    """(the rl_data sources and data file a stage trained on, "problems / updates") from its manifest."""
+    if not manifest:
+        return "–", "–"
+    params, counts = manifest.get("params") or {}, manifest.get("counts") or {}
+    data = next((Path(str(i)).name for i in manifest.get("inputs") or [] if str(i).endswith(".jsonl")), None)
+    sources = params.get("sources")
+    what = (", ".join(sources) if sources else "all sources") + (f" ({data})" if data else "")
+    steps, skipped = counts.get("steps"), counts.get("updates_skipped")
+    updates = "–" if steps is None or skipped is None else str(steps - skipped)
+    return what, f"{fmt_int(counts.get('train_problems'))} / {updates}"
+
+
 def training(stages: dict[str, list[dict]], manifests: dict[str, dict | None]) -> list:
-    """One row per RL stage (first/last reward and accuracy, last length, tool error ratio of positives,
-    truncation ratio, all-correct fraction, wall time), and a warning per stage without learning signal."""
+    """One row per RL stage (what it trained on, problems and updates, first/last reward and accuracy, last
+    length, tool error ratio of positives, truncation ratio, all-correct fraction, wall time), and a warning per
+    stage without learning signal."""
     blocks: list = [Heading("RL training")]
     if not stages:
         return blocks + [Para(f"RL training: {NO_DATA}.")]
     rows = []
     for name, rows_ in stages.items():
         st = _stage_stats(rows_, manifests.get(name))
+        what, sizes = _trained_on(manifests.get(name))
         if st["steps"] == 0:
-            rows.append([name, "0", NO_DATA, NO_DATA, "–", "–", "–", "–", "–", "–", fmt_seconds(st["wall"])])
+            rows.append([name, what, sizes, "0", NO_DATA, NO_DATA, "–", "–", "–", "–", "–", "–",
+                         fmt_seconds(st["wall"])])
             continue
         last = st["last"]
-        rows.append([name, str(st["steps"]), fmt(st["first_reward"], 3), fmt(st["last_reward"], 3),
+        rows.append([name, what, sizes, str(st["steps"]), fmt(st["first_reward"], 3), fmt(st["last_reward"], 3),
                      fmt(st["first_acc"], 3), fmt(st["last_acc"], 3), fmt(last["response_length_mean"], 0),
                      fmt(last["tool_error_ratio_pos"], 3), fmt(last["truncation_ratio"], 3),
                      fmt(last["all_correct_frac"], 3), fmt_seconds(st["wall"])])
-    blocks.append(Table(["stage", "steps", "first reward", "last reward", "first accuracy", "last accuracy",
-                         "last mean response length", "last tool error ratio (positives)", "last truncation ratio",
-                         "last all-correct groups", "wall time"], rows,
-                        caption="Wall time is the sum of per-step times (the stage manifest's wall time when "
-                                "steps carry none)."))
+    blocks.append(Table(["stage", "trained on", "problems / updates", "steps", "first reward", "last reward",
+                         "first accuracy", "last accuracy", "last mean response length",
+                         "last tool error ratio (positives)", "last truncation ratio", "last all-correct groups",
+                         "wall time"], rows,
+                        caption="A step's reward is the mean over that step's few problems (rl.prompts_per_step), so "
+                                "first and last values are noisy; stages train on different problems, so their "
+                                "rewards are not comparable with each other (the held-out accuracy above is). "
+                                "Updates: steps whose groups were not all equal. Wall time is the sum of per-step "
+                                "times (the stage manifest's wall time when steps carry none)."))
     blocks += no_signal_warnings(stages)
     blocks.append(Figure("training_curves.png", "RL training curves (paper Figs. 4, 8, 9)"))
     return blocks
