@@ -108,24 +108,3 @@ def test_short_or_labelled_prefixes_and_other_calls_take_the_whole_row_path():
     assert [c[1] for c in calls] == [short.shape[1], ids.shape[1], ids.shape[1]]   # whole rows every time
     with pytest.raises(ValueError, match="fused LM head"):
         shared_prefix.install(tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4, seed=1)[0])
-
-
-@pytest.mark.parametrize("prefix_len", [40, MIN_PREFIX - 2])   # the shared-prefix path and the whole-row path
-def test_the_installed_forward_scores_only_labelled_positions_and_restores_trls_switch(prefix_len, monkeypatch):
-    """On a CPU TRL's fused head would score every position (prompt tails, padding); the installed forward hands it
-    only the labelled ones, with outputs equal to TRL's own whole-row forward, and leaves TRL's switch as it was."""
-    from trl.trainer import utils as trl_utils
-
-    model, plain = _models()
-    scored = []
-    apply = trl_utils._ChunkedLogProbFunction.apply
-    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply",
-                        lambda hidden, *a: (scored.append(hidden.shape[0]), apply(hidden, *a))[1])
-    switch = trl_utils._use_triton
-    ids, mask, labels = _grpo_batch(prefix_len)
-    got = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
-    assert trl_utils._use_triton is switch and not switch(torch.device("cpu"))
-    want = plain(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
-    assert scored[0] == int((labels[:, 1:] != -100).sum()) < scored[1] == labels[:, 1:].numel()
-    for name in FIELDS:
-        torch.testing.assert_close(getattr(got, name), getattr(want, name))

@@ -12,13 +12,6 @@ call) whose rows share at least ``MIN_PREFIX`` leading tokens with no loss on th
 
 The arithmetic is that of the whole-row forward (the expanded keys and values receive the sum of every row's
 gradient), so log-probabilities, entropies and gradients agree to rounding (``tests/test_shared_prefix.py``).
-
-Either way the installed forward scores only the positions that have a label. TRL 1.16's fused head does so on
-Triton devices and scores every position elsewhere (``compact = _use_triton(device)`` in ``add_fused_lm_head``),
-and on a CPU its vocabulary tiles are float32 ``[positions, 32768]`` temporaries: in an RL micro-batch of 8 rows
-the unlabelled positions (prompt tails, padding) were 43% of 1,672, and the head about half of the update's time.
-``_labelled_positions_only`` takes TRL's own compact path on every device (the tiles' kernels still choose Triton
-or torch by device).
 Anything else (no labels, a pre-shifted label layout, a cache, one row, a short or labelled prefix) goes to the
 unchanged forward. Install only on a model that is not wrapped for data parallelism: DDP, FSDP and ZeRO-3 hook
 their collectives into the wrapper's forward, which calling the backbone directly would bypass.
@@ -26,7 +19,6 @@ their collectives into the wrapper's forward, which calling the backbone directl
 
 from __future__ import annotations
 
-import contextlib
 import types
 
 import torch
@@ -106,23 +98,6 @@ def _shared_forward(self, original, input_ids, attention_mask, labels, plan, num
     return out
 
 
-@contextlib.contextmanager
-def _labelled_positions_only():
-    """Within the block TRL's fused LM head scores only positions with a label, on any device (see the module
-    docstring). A TRL without the switch this relies on is left as it is."""
-    from trl.trainer import utils as trl_utils
-
-    choose = getattr(trl_utils, "_use_triton", None)
-    if choose is None:
-        yield
-        return
-    trl_utils._use_triton = lambda device: True
-    try:
-        yield
-    finally:
-        trl_utils._use_triton = choose
-
-
 def install(model) -> None:
     """Route ``model``'s fused training forwards through the shared-prefix path (call after TRL's
     ``add_fused_lm_head``; idempotent). ``model.shared_prefix_calls`` counts the forwards that took it.
@@ -144,13 +119,12 @@ def install(model) -> None:
                 and kw.get("past_key_values") is None and kw.get("position_ids") is None and \
                 set(kw) <= {"input_ids", "attention_mask", "use_cache"}:
             plan = _plan(input_ids, mask, labels)
-        with _labelled_positions_only() if fused_lm_head else contextlib.nullcontext():
-            if plan is None:
-                return original(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
-                                num_items_in_batch=num_items_in_batch, **kw)
-            extra = {k: v for k, v in kw.items() if k not in ("input_ids", "attention_mask", "use_cache")}
-            self.shared_prefix_calls = getattr(self, "shared_prefix_calls", 0) + 1
-            return _shared_forward(self, original, input_ids, mask, labels, plan, num_items_in_batch, extra)
+        if plan is None:
+            return original(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
+                            num_items_in_batch=num_items_in_batch, **kw)
+        extra = {k: v for k, v in kw.items() if k not in ("input_ids", "attention_mask", "use_cache")}
+        self.shared_prefix_calls = getattr(self, "shared_prefix_calls", 0) + 1
+        return _shared_forward(self, original, input_ids, mask, labels, plan, num_items_in_batch, extra)
 
     forward._rstar2_shared_prefix = True
     model.forward = types.MethodType(forward, model)
