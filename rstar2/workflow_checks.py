@@ -207,7 +207,8 @@ def check_rl_sources(config: dict, cache_dir: str) -> None:
 
     Raises:
         ValueError: ``config: rl_data.sources[i] (<name>) cannot be loaded: ...`` with ``load_source``'s message
-            (dataset, file, row, field).
+            (dataset, file, row, field); or a source none of whose rows yields a gold answer (e.g. an
+            ``answer_after`` marker that occurs in no answer), which curation would drop whole as "no_answer".
     """
     # a missing file is left to check_data_files, whose message says what to do about it
     sources = [(i, s) for i, s in enumerate(config["rl_data"]["sources"]) if os.path.exists(s["path"])]
@@ -218,9 +219,14 @@ def check_rl_sources(config: dict, cache_dir: str) -> None:
 
     for i, src in sources:
         try:
-            load_source(src)
+            rows = load_source(src)
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"config: rl_data.sources[{i}] ({src['name']}) cannot be loaded: {e}") from None
+        if rows and all(r["answer_raw"] is None for r in rows):
+            how = (f"answer_after {src['answer_after']!r} occurs in none of them" if src.get("answer_after") else
+                   "answer_from_boxed finds no \\boxed{} in any" if src.get("answer_from_boxed") else "every one is empty")
+            raise ValueError(f"config: rl_data.sources[{i}] ({src['name']}): none of its {len(rows)} rows has a gold "
+                             f"answer in field {src['fields'].get('answer')!r} ({how}); curation would drop them all")
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps({"sources": [s["name"] for _, s in sources]}) + "\n")
 

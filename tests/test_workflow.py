@@ -364,3 +364,13 @@ def test_missing_data_file_fails_at_parse_time_even_with_old_outputs(tmp_path):
     proc = smk(wd, "-n", "results/rl_data/manifest.json", "--configfile", str(typo), check=False)
     assert proc.returncode != 0
     assert "not found" in proc.stderr + proc.stdout and "custom_problemz.csv" in proc.stderr + proc.stdout
+
+
+def test_an_rl_source_whose_answer_marker_matches_no_row_fails_before_any_job_runs(workdir, tmp_path):
+    cfg = tmp_path / "marker.yaml"
+    cfg.write_text("rl_data: {sources: [{name: mine, path: data/learning/train.jsonl, fields: {problem: problem, "
+                   "answer: answer}, answer_after: '####'}]}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
+    out = proc.stderr + proc.stdout
+    assert proc.returncode != 0 and "config: rl_data.sources[0] (mine): none of its 2000 rows has a gold answer in " \
+        "field 'answer' (answer_after '####' occurs in none of them)" in out, out[-1500:]
