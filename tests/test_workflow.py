@@ -156,8 +156,9 @@ def test_label_verification_schedules_its_verifier_model(workdir, tmp_path):
 
 def test_bad_config_value_names_the_key(workdir, tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text((workdir / TINY).read_text().replace("k: 2\n  subset_size", "k: 0\n  subset_size"))
-    proc = smk(workdir, "-n", "--configfile", str(bad), check=False)
+    # an override file layered on tiny.yaml, so the test cannot silently no-op when tiny.yaml's layout changes
+    bad.write_text("hard_problems: {k: 0}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(bad), check=False)
     out = proc.stderr + proc.stdout
     assert proc.returncode != 0
     assert "config: hard_problems.k: 0 is less than the minimum of 1" in out
