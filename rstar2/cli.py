@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "rl":
             p.add_argument("--optimizer-from", default=None,
                            help="the previous stage's optimizer/ folder (params continue_optimizer)")
+            p.add_argument("--checkpoint-every", type=int, default=None,
+                           help="steps between resumable checkpoints (rl.checkpoint_every), set over --params' value; "
+                                "the workflow passes it here so that changing it reruns no finished stage")
         if name == "label-verification":
             p.add_argument("--model", default=None, help="verifier model folder (only when enabled)")
             p.add_argument("--tokenizer", default=None, help="policy model folder whose tokenizer measures prompts "
@@ -140,7 +143,8 @@ def _dispatch(a: argparse.Namespace) -> None:
         sft.run(a.params, a.model, a.data, a.out)
     elif a.stage == "rl":
         from .stages import rl
-        rl.run(a.params, a.model, a.data, a.out, optimizer_from=a.optimizer_from)
+        params = a.params if a.checkpoint_every is None else {**a.params, "checkpoint_every": a.checkpoint_every}
+        rl.run(params, a.model, a.data, a.out, optimizer_from=a.optimizer_from)
     elif a.stage == "hard-problems":
         from .stages import hard_problems
         hard_problems.run(a.params, a.model, a.data, a.out)

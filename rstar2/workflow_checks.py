@@ -148,19 +148,23 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
     return [(m, s) for m in ab["modes"] for s in ab["seeds"]]
 
 
-def check_data_files(paths: list) -> list[str]:
+def check_data_files(paths) -> list[str]:
     """The local files among ``paths`` (``None`` and ``hub:`` ids left out), each of which must exist.
 
+    ``paths``: a list of paths, or ``(config key, path)`` pairs so that a missing file's message names the key
+    that set it (e.g. ``rl_data.sources[0].path``).
     A missing file fails here, at parse time: otherwise Snakemake may keep the outputs built from the old file and
     never schedule the stage that would report it.
     Raises:
         ValueError: a local path does not exist (relative paths start at the working directory, which is named).
     """
-    local = [str(p) for p in paths if p and not str(p).startswith("hub:")]
-    missing = [p for p in local if not os.path.exists(p)]
+    pairs = [p if isinstance(p, tuple) else (None, p) for p in paths]
+    local = [(key, str(p)) for key, p in pairs if p and not str(p).startswith("hub:")]
+    missing = [f"{key}: {p}" if key else p for key, p in local if not os.path.exists(p)]
     if missing:
-        raise ValueError(f"config: data file(s) not found (paths are relative to {os.getcwd()}): {missing}")
-    return local
+        raise ValueError(f"config: data file(s) not found (paths are relative to {os.getcwd()}): "
+                         + "; ".join(missing))
+    return [p for _, p in local]
 
 
 def check_benchmarks(config: dict) -> None:

@@ -196,7 +196,10 @@ def test_every_stage_parameter_is_the_schema_default_on_a_minimal_config(minimal
     model = schema_defaults("model")
     assert {k: base[k] for k in ("source", "path", "hub_id")} == {k: model[k] for k in ("source", "path", "hub_id")}
     tiny = SCHEMA["properties"]["model"]["properties"]["tiny"]["properties"]
-    assert base["tiny"] == {k: v["default"] for k, v in tiny.items()}
+    # only the fields the source reads are parameters (a new seed does not rebuild a wheel's model)
+    assert model["source"] == "smollm2_wheel" and (base["tiny"], base["seed"]) == (None, None)
+    tiny_base = to_dict(P.base_model({**cfg, "model": {**cfg["model"], "source": "tiny_qwen3"}}))
+    assert tiny_base["tiny"] == {k: v["default"] for k, v in tiny.items()} and tiny_base["seed"] == cfg["seed"]
 
     rl_defaults = schema_defaults("rl")
     for stage in ("stage1", "stage2", "stage3"):
@@ -225,8 +228,12 @@ def test_every_stage_parameter_is_the_schema_default_on_a_minimal_config(minimal
                   {k: ev_defaults[k] for k in ("temperature", "top_p", "batch_size")})
 
     lv, lv_defaults = to_dict(P.label_verification(cfg)), schema_defaults("label_verification")
-    assert {k: lv[k] for k in ("enabled", "samples", "min_matches", "only_sources")} == \
-        {k: lv_defaults[k] for k in ("enabled", "samples", "min_matches", "only_sources")}
+    # off by default: the verifier's settings are not parameters then (editing them reruns nothing)
+    assert lv["enabled"] is lv_defaults["enabled"] is False and lv["tool"] == tool["name"]
+    assert all(lv[k] is None for k in ("samples", "min_matches", "only_sources", "rollout", "seed"))
+    lv = to_dict(P.label_verification({**cfg, "label_verification": {**cfg["label_verification"], "enabled": True}}))
+    assert {k: lv[k] for k in ("samples", "min_matches", "only_sources")} == \
+        {k: lv_defaults[k] for k in ("samples", "min_matches", "only_sources")}
     check_rollout(lv["rollout"], {k: lv_defaults[k] for k in ("max_response_tokens", "max_turns")},
                   {k: lv_defaults[k] for k in ("temperature", "top_p", "batch_size")})
 

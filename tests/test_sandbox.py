@@ -2,6 +2,7 @@ import os
 
 import pytest
 import subprocess
+import sys
 import time
 
 from rstar2.sandbox import SandboxLimits, execute, execute_many, render_result, truncate_middle
@@ -132,3 +133,17 @@ def test_client_batches_concurrent_async_calls():
         assert time.time() - t0 < 4.0  # concurrent: 40 x 0.3 s serially would be 12 s
         assert client.batches_sent <= 3  # gathered into batches, not one request per call
         assert [r.stdout for r in client.run_many([("print(1)", ""), ("print(input())", "x")])] == ["1\n", "x\n"]
+
+
+
+def test_a_closed_pool_leaves_no_unclosed_pipe():
+    """Trial finding: the evaluate log ended in a dozen 'ResourceWarning: unclosed file <_io.BufferedReader ...>'
+    lines: Pool.close() killed the zygotes but left their pipes open."""
+    from rstar2.sandbox import Pool
+
+    with Pool(SandboxLimits(timeout_s=5), workers=1, lean_workers=1, full_workers=0, slots=1) as p:
+        assert [r.stdout for r in p.run_many([("print(6 * 7)", ""), ("import numpy; print(1)", "")])] == ["42\n", "1\n"]
+        workers = list(p.workers)
+    assert len(workers) == 2
+    assert all(f.closed for w in workers for f in (w.proc.stdin, w.proc.stdout, w.proc.stderr))
+    assert not any(t.is_alive() for w in workers for t in w.threads)

@@ -295,6 +295,11 @@ def test_deleted_stage2_reruns_stage2_and_dependents_only(workdir):
                             "answer: answer, id: id}, answer_type: integer}\n")
     assert planned_jobs(workdir, str(extra)) == {"report": 1, "all": 1}   # the report: another config file
 
+    # Neither how often RL checkpoints nor the settings of a disabled label verification change a result.
+    quiet = workdir / "configs/tiny_no_result_change.yaml"
+    quiet.write_text("rl: {checkpoint_every: 3}\nlabel_verification: {enabled: false, samples: 4, temperature: 0.9}\n")
+    assert planned_jobs(workdir, TINY, str(quiet)) == {"report": 1, "all": 1}
+
 
 @pytest.mark.slow
 def test_html_report_in_headless_chromium(workdir, tmp_path):
@@ -364,7 +369,8 @@ def test_missing_data_file_fails_at_parse_time_even_with_old_outputs(tmp_path):
                     .replace("data/examples/custom_problems.csv", "data/examples/custom_problemz.csv"))
     proc = smk(wd, "-n", "results/rl_data/manifest.json", "--configfile", str(typo), check=False)
     assert proc.returncode != 0
-    assert "not found" in proc.stderr + proc.stdout and "custom_problemz.csv" in proc.stderr + proc.stdout
+    assert "not found" in proc.stderr + proc.stdout
+    assert "rl_data.sources[0].path: data/examples/custom_problemz.csv" in proc.stderr + proc.stdout
 
 
 def test_an_rl_source_whose_answer_marker_matches_no_row_fails_before_any_job_runs(workdir, tmp_path):

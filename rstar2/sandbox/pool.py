@@ -69,6 +69,7 @@ class _Worker:
         self.pending: dict[int, tuple[Future, float]] = {}  # id -> (future, host deadline)
         self.lock = threading.Lock()
         self.alive = False
+        self.threads: list[threading.Thread] = []   # the pipe readers, started once the zygote is ready
         self.want = list({"lean": LEAN_PRELOAD, "sci": SCI_PRELOAD, "full": pool.preload}[kind])
         cfg = {"preload": self.want,
                "warmup": WARMUP if kind != "lean" else "", "slots": pool.slots, "env": CHILD_ENV,
@@ -95,8 +96,10 @@ class _Worker:
                         "(or fail if they are not installed in the sandbox's Python)", self.index, self.kind,
                         ", ".join(missing))
         self.alive = True
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.threads = [threading.Thread(target=self._drain_stderr, daemon=True),
+                        threading.Thread(target=self._read, daemon=True)]
+        for t in self.threads:
+            t.start()
         return self
 
     def _drain_stderr(self):
@@ -135,7 +138,18 @@ class _Worker:
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            pass
+            return
+        # close the pipes once their readers have seen EOF (closing under a blocked read could hang; left open,
+        # they are reported as unclosed files at exit)
+        others = [t for t in self.threads if t is not threading.current_thread()]
+        for t in others:
+            t.join(timeout=1)
+        if not any(t.is_alive() for t in others):
+            for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                try:
+                    f.close()
+                except (OSError, ValueError):
+                    pass
 
 
 class Pool:

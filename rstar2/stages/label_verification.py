@@ -48,8 +48,10 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
         min_matches  keep a problem if at least this many responses match its label (paper: 2)
         only_sources source names to verify (paper: only OpenMathReasoning); empty = all
         max_prompt_tokens  drop problems whose RL prompt has more tokens (null = no filter)
+        tool         the tool name prompts are rendered for (their length counts its system prompt)
         rollout      the verifier's rollout settings (budget, sampling, engine, tool)
         seed         int
+    (``samples``, ``min_matches``, ``only_sources``, ``rollout`` and ``seed`` are None when not enabled.)
 
     Args:
         data_path: the curated candidates (JSON Lines with ``id``, ``source``, ``problem``, ``answer``).
@@ -73,7 +75,7 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
                 raise ValueError("rl_data: max_prompt_tokens is set but no tokenizer folder was given (--tokenizer)")
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        lengths = prompt_lengths([r["problem"] for r in rows], tokenizer, p.rollout.tool.name)
+        lengths = prompt_lengths([r["problem"] for r in rows], tokenizer, p.tool)
     n_before = len(rows)
     rows = filter_prompts(rows, funnel, max_tokens, lengths)
     print(f"[rl_data] prompt length: {n_before - len(rows)} of {n_before} problems over {max_tokens} tokens"

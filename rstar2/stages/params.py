@@ -33,12 +33,13 @@ class TinyModelParams:
 
 @dataclass(frozen=True)
 class BaseModelParams:
-    """``model``: where the base model comes from (``rstar2.models.materialise``)."""
+    """``model``: where the base model comes from (``rstar2.models.materialise``). Only the fields the source reads
+    are set (the others None), so that e.g. a new seed does not rebuild a wheel's or a folder's model."""
     source: str
     path: str | None
     hub_id: str | None
-    tiny: TinyModelParams
-    seed: int
+    tiny: TinyModelParams | None
+    seed: int | None
 
 
 @dataclass(frozen=True)
@@ -109,16 +110,17 @@ class RLDataParams:
 
 @dataclass(frozen=True)
 class LabelVerificationParams:
-    """The ``rl_data`` rule: the prompt-length filter (``rl_data.max_prompt_tokens``; released code: 2048) and label
-    verification (``label_verification``, paper §4.2: a verifier samples ``samples`` answers; keep if >=
-    ``min_matches``)."""
+    """The ``rl_data`` rule: the prompt-length filter (``rl_data.max_prompt_tokens``; released code: 2048, prompts
+    rendered for ``tool``) and label verification (``label_verification``, paper §4.2: a verifier samples ``samples``
+    answers; keep if >= ``min_matches``). Disabled, the verifier's fields are None: editing them reruns nothing."""
     enabled: bool
-    samples: int
-    min_matches: int
-    only_sources: list
+    samples: int | None
+    min_matches: int | None
+    only_sources: list | None
     max_prompt_tokens: int | None
-    rollout: RolloutConfig
-    seed: int
+    tool: str
+    rollout: RolloutConfig | None
+    seed: int | None
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,10 @@ def _trainer(config: dict) -> TrainerParams:
 def base_model(config: dict, section: str = "model") -> BaseModelParams:
     """The ``base_model`` rule's params (``section`` "model"), or the verifier model's."""
     spec = config[section] if section == "model" else config["label_verification"]["model"]
-    return parse(BaseModelParams, {**spec, "seed": config["seed"]}, section)
+    used = {"local": ("path",), "hub": ("hub_id",), "tiny_qwen3": ("tiny", "seed")}.get(spec["source"], ())
+    given = {**spec, "seed": config["seed"]}
+    return parse(BaseModelParams, {k: given[k] if k in used else None for k in ("path", "hub_id", "tiny", "seed")}
+                 | {"source": spec["source"]}, section)
 
 
 def sft_data(config: dict) -> SFTDataParams:
@@ -285,10 +290,13 @@ def rl_data(config: dict) -> RLDataParams:
 
 def label_verification(config: dict) -> LabelVerificationParams:
     lv = config["label_verification"]
+    on = lv["enabled"]
     return LabelVerificationParams(
-        enabled=lv["enabled"], samples=lv["samples"], min_matches=lv["min_matches"], only_sources=lv["only_sources"],
-        max_prompt_tokens=config["rl_data"]["max_prompt_tokens"],
-        rollout=_rollout(config, lv, lv["temperature"], lv["top_p"], lv["batch_size"]), seed=config["seed"])
+        enabled=on, samples=lv["samples"] if on else None, min_matches=lv["min_matches"] if on else None,
+        only_sources=lv["only_sources"] if on else None, max_prompt_tokens=config["rl_data"]["max_prompt_tokens"],
+        tool=config["tool"]["name"],
+        rollout=_rollout(config, lv, lv["temperature"], lv["top_p"], lv["batch_size"]) if on else None,
+        seed=config["seed"] if on else None)
 
 
 def rl(config: dict, stage: str, ablation: tuple[str, int] | None = None) -> RLParams:

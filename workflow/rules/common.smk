@@ -8,6 +8,7 @@ import sys
 
 from rstar2.io import file_sha256
 from rstar2.reproduce import code_version
+from rstar2.params import to_dict as params_dict
 from rstar2.stages import params as stage_params
 from rstar2.workflow_checks import (cached_check, check_benchmarks, check_config, check_data_files, check_rl_sources,
                                     validate_config)
@@ -73,23 +74,28 @@ def job_resources(family):
 
 # Local dataset files are inputs, so editing one reruns the stages that read it; hub ids are not files.
 def rl_data_files():
-    return check_data_files([s["path"] for s in config["rl_data"]["sources"]]
-                            + [config["benchmarks"][b]["path"] for b in config["rl_data"]["decontaminate_against"]])
+    sources = enumerate(config["rl_data"]["sources"])
+    return check_data_files([(f"rl_data.sources[{i}].path", s["path"]) for i, s in sources]
+                            + [(f"benchmarks.{b}.path", config["benchmarks"][b]["path"])
+                               for b in config["rl_data"]["decontaminate_against"]])
 
 
 def sft_data_files():
-    return check_data_files([s["path"] for s in config["sft_data"]["sources"] if s.get("path") and s.get("limit") != 0])
+    sources = enumerate(config["sft_data"]["sources"])
+    return check_data_files([(f"sft_data.sources[{i}].path", s["path"]) for i, s in sources
+                             if s.get("path") and s.get("limit") != 0])
 
 
 def benchmark_files():
     from rstar2.data.benchmarks import benchmark_files as files  # BFCL: one question and answer file per category
 
-    return check_data_files([f for b in config["evaluate"]["benchmarks"] for f in files(config["benchmarks"][b])])
+    return check_data_files([(f"benchmarks.{b}.path", f) for b in config["evaluate"]["benchmarks"]
+                             for f in files(config["benchmarks"][b])])
 
 
 def heldout_files():
     b = config["rl"]["heldout"]["benchmark"]
-    return check_data_files([config["benchmarks"][b]["path"]]) if b else []
+    return check_data_files([(f"benchmarks.{b}.path", config["benchmarks"][b]["path"])]) if b else []
 
 
 def _verifier_dir():
@@ -126,7 +132,9 @@ RL_RUNS.update({f"ablation/{m}-seed{s}": ("ablation", (m, s)) for (m, s) in ABLA
 def rl_run_params(wildcards):
     kind, what = RL_RUNS[wildcards.run]
     p = stage_params.rl(config, what) if kind == "stage" else stage_params.rl(config, "stage1", what)
-    return to_json(p)
+    # how often to checkpoint changes no result: the shell passes it apart (--checkpoint-every), so that editing it
+    # reruns no finished stage (Snakemake reruns a job whose params changed)
+    return to_json({k: v for k, v in params_dict(p).items() if k != "checkpoint_every"})
 
 
 def rl_run_input(wildcards):
