@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                            help="the previous stage's optimizer/ folder (params continue_optimizer)")
             p.add_argument("--checkpoint-every", type=int, default=None,
                            help="steps between resumable checkpoints (rl.checkpoint_every), set over --params' value; "
-                                "the workflow passes it here so that changing it reruns no finished stage")
+                                "default: $RSTAR2_CHECKPOINT_EVERY, where the workflow puts it so that changing it "
+                                "reruns no finished stage")
         if name == "label-verification":
             p.add_argument("--model", default=None, help="verifier model folder (only when enabled)")
             p.add_argument("--tokenizer", default=None, help="policy model folder whose tokenizer measures prompts "
@@ -143,7 +144,8 @@ def _dispatch(a: argparse.Namespace) -> None:
         sft.run(a.params, a.model, a.data, a.out)
     elif a.stage == "rl":
         from .stages import rl
-        params = a.params if a.checkpoint_every is None else {**a.params, "checkpoint_every": a.checkpoint_every}
+        every = a.checkpoint_every if a.checkpoint_every is not None else os.environ.get("RSTAR2_CHECKPOINT_EVERY")
+        params = a.params if every is None else {**a.params, "checkpoint_every": int(every)}
         rl.run(params, a.model, a.data, a.out, optimizer_from=a.optimizer_from)
     elif a.stage == "hard-problems":
         from .stages import hard_problems

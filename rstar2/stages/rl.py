@@ -146,9 +146,9 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
                          "(rstar2 rl --optimizer-from results/rl/stageN/optimizer)")
     carried = checkpoints.read_carried(optimizer_from) if p.continue_optimizer else None
     ckpt_root = checkpoints.checkpoint_root(out)
-    # held-out settings are measurement, not training: changing them resumes from the checkpoints
-    fp = checkpoints.fingerprint({k: v for k, v in to_dict(p).items() if k != "heldout"}, model_dir, data_path,
-                                 carried)
+    # held-out settings are measurement and checkpoint_every bookkeeping, not training: changing them resumes
+    fp = checkpoints.fingerprint({k: v for k, v in to_dict(p).items() if k not in ("heldout", "checkpoint_every")},
+                                 model_dir, data_path, carried)
     with ps.main_process_first():  # the main process clears a stale folder; the others then find it ready
         resume = checkpoints.prepare(ckpt_root, fp)
     resume_step = checkpoints.read_state(resume)["step"] if resume else 0

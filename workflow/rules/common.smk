@@ -27,6 +27,9 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.enviro
 # the environment, not in params: changing it reruns nothing. Read by `rstar2 <stage>` (rstar2/cli.py). Jobs on
 # other nodes that do not inherit it run the sandbox with its defaults.
 os.environ.update(RSTAR2_SANDBOX=json.dumps(config["sandbox"]))
+# Nor does how often an RL run checkpoints (rl.checkpoint_every): `rstar2 rl` reads it from here (a job on another
+# node parses this file again and sets it there too).
+os.environ.update(RSTAR2_CHECKPOINT_EVERY=str(config["rl"]["checkpoint_every"]))
 
 # RL stages run in order; a null stage ends the pipeline at the one before (configs/cpu-learning.yaml runs stage 1).
 RL_STAGES = [s for s in ("stage1", "stage2", "stage3") if config["rl"]["stages"].get(s)]
@@ -132,8 +135,8 @@ RL_RUNS.update({f"ablation/{m}-seed{s}": ("ablation", (m, s)) for (m, s) in ABLA
 def rl_run_params(wildcards):
     kind, what = RL_RUNS[wildcards.run]
     p = stage_params.rl(config, what) if kind == "stage" else stage_params.rl(config, "stage1", what)
-    # how often to checkpoint changes no result: the shell passes it apart (--checkpoint-every), so that editing it
-    # reruns no finished stage (Snakemake reruns a job whose params changed)
+    # how often to checkpoint changes no result: it travels in the environment (RSTAR2_CHECKPOINT_EVERY, above), so
+    # that editing it reruns no finished stage (Snakemake reruns a job whose params changed)
     return to_json({k: v for k, v in params_dict(p).items() if k != "checkpoint_every"})
 
 

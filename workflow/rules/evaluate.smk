@@ -39,12 +39,14 @@ rule report:
             category="Training",
         ),
         report("results/report/eval.png", caption="../report/eval.rst", category="Evaluation"),
-        report(
-            "results/report/learning_curve.png",
-            caption="../report/learning_curve.rst",
-            category="Training",
-        ),
-        report("results/report/ablation.png", caption="../report/ablation.rst", category="Training"),
+        # the held-out curve and the ablation are shown in the HTML report only where the config makes them (a
+        # figure of "no data" panels otherwise); the files are written either way
+        report("results/report/learning_curve.png", caption="../report/learning_curve.rst", category="Training")
+        if config["rl"]["heldout"]["benchmark"]
+        else "results/report/learning_curve.png",
+        report("results/report/ablation.png", caption="../report/ablation.rst", category="Training")
+        if ABLATION_RUNS
+        else "results/report/ablation.png",
         report("results/report/funnel.png", caption="../report/funnel.rst", category="Data"),
         report("results/report/summary.html", caption="../report/summary.rst", category="Summary"),
         report(

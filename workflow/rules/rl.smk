@@ -33,4 +33,4 @@ rule rl:
         **job_resources("rl"),
     shell:
         launch("rl") + " rl --params {params.p:q} --model {input.model} --data {input.data} {params.optimizer}"
-        " --checkpoint-every {config[rl][checkpoint_every]} --out results/{wildcards.run} 2>&1 | tee {log}"
+        " --out results/{wildcards.run} 2>&1 | tee {log}"
