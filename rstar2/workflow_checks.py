@@ -235,6 +235,41 @@ def check_rl_sources(config: dict, cache_dir: str) -> None:
     stamp.write_text(json.dumps({"sources": [s["name"] for _, s in sources]}) + "\n")
 
 
+def check_sft_sources(config: dict, cache_dir: str) -> None:
+    """Read and convert every local sft_data file source now (no tool call is run), so a bad spec, a wrong field
+    mapping or a broken row fails before the first job, not when sft_data runs; cached like ``check_rl_sources``.
+    Generated sources, ``limit: 0`` ones and hub ids are left to the stage.
+
+    Raises:
+        ValueError: ``config: sft_data.sources[i] (<name>) cannot be loaded: ...`` with the source's message (file,
+            row, field), or two sources of one name.
+    """
+    specs = config["sft_data"]["sources"]
+    names = [s.get("name") for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"config: sft_data.sources: names must be unique, got {names}")
+    local = [(i, s) for i, s in enumerate(specs) if s.get("path") and s.get("limit") != 0
+             and not str(s["path"]).startswith("hub:") and os.path.exists(s["path"])]
+    stamp = _stamp(cache_dir, "sft-sources", {"sources": [s for _, s in local], "tool": config["tool"]},
+                   [s["path"] for _, s in local])
+    if stamp.exists():
+        return
+    from .data import loaders
+    from .data.sft import sources as sft_sources
+    from .data.sft.common import Context
+
+    for i, spec in local:
+        ctx = Context(name=spec["name"], spec=spec, seed=config["seed"], tool_name=config["tool"]["name"],
+                      max_tool_chars=config["tool"]["max_output_chars"])
+        try:
+            sft_sources.check_spec(spec)
+            sft_sources.convert(spec, ctx, loaders.WORKING_DIR)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"config: sft_data.sources[{i}] ({spec['name']}) cannot be loaded: {e}") from None
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps({"sources": [s["name"] for _, s in local]}) + "\n")
+
+
 def cached_check(config: dict, cache_dir: str) -> None:
     """The held-out benchmark checks of ``check_heldout``, skipped when the same check passed before.
 

@@ -135,6 +135,22 @@ def test_an_rl_data_source_with_a_wrong_field_mapping_fails_before_any_job_runs_
     assert len(set(stamps.glob("rl-sources-*.ok")) - before) <= 1 and list(stamps.glob("rl-sources-*.ok"))
 
 
+def test_an_sft_source_with_a_wrong_field_mapping_or_format_fails_before_any_job_runs(workdir, tmp_path):
+    """Helper finding: a bad sft_data source failed only once the sft_data job ran."""
+    for n, (spec, says) in enumerate([
+            ("{name: glaive, path: data/sft/glaive_toolcall_en_demo.json, format: sharegpt, limit: 2, "
+             "fields: {conversations: convs}}", "missing field 'convs'"),
+            ("{name: alpaca, path: data/sft/alpaca_en_demo.json, format: sharegpt, limit: 2}",
+             "missing field 'conversations'")]):
+        cfg = tmp_path / f"bad_sft{n}.yaml"
+        cfg.write_text(f"sft_data: {{sources: [{spec}]}}\n")
+        proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
+        out = proc.stderr + proc.stdout
+        name = spec.split(",")[0].split()[-1]
+        assert proc.returncode != 0 and f"config: sft_data.sources[0] ({name}) cannot be loaded" in out, out[-2000:]
+        assert says in out and "Traceback" not in out
+
+
 def test_a_heldout_benchmark_graded_unlike_the_reward_warns_and_ids_may_be_row_indices(workdir, tmp_path):
     own = tmp_path / "own_heldout.yaml"   # a user's own held-out set: no answer_type (math), fields.id null
     own.write_text("benchmarks: {my_ho: {path: data/learning/heldout.jsonl, fields: {problem: problem, "

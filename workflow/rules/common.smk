@@ -11,7 +11,7 @@ from rstar2.reproduce import code_version
 from rstar2.params import to_dict as params_dict
 from rstar2.stages import params as stage_params
 from rstar2.workflow_checks import (cached_check, check_benchmarks, check_config, check_data_files, check_rl_sources,
-                                    validate_config)
+                                    check_sft_sources, validate_config)
 
 
 # A refused value is one line naming its key (Snakemake's own validate prints the whole schema and config).
@@ -47,6 +47,8 @@ ABLATION_RUNS = check_config(config, RL_STAGES, MODEL_DIRS)
 cached_check(config, ".snakemake/rstar2_checks")
 # Every local rl_data source loads (field mapping, filters, rows) before any job starts; cached the same way.
 check_rl_sources(config, ".snakemake/rstar2_checks")
+# And every local sft_data file source reads and converts (no tool call is run).
+check_sft_sources(config, ".snakemake/rstar2_checks")
 # Every local benchmark the evaluate stage reads loads now (field mapping, rows), not after SFT.
 check_benchmarks(config)
 
