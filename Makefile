@@ -1,4 +1,4 @@
-# make run   : set up the virtual environment (pinned, CPU torch) and run the whole pipeline on config.yaml
+# make run   : set up the virtual environment (pinned packages) and run the whole pipeline on config.yaml
 # make test  : set up and run the test suite (unit tests + the tiny end-to-end workflow)
 # Both first install missing Debian packages (scripts/system_deps.sh: bubblewrap; for tests also redis-server, chromium).
 PYTHON ?= python3

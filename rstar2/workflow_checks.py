@@ -38,18 +38,40 @@ def validate_config(config: dict, schema_path: str, files: list = ()) -> None:
     schema = yaml.safe_load(open(schema_path))
     validator = jsonschema.validators.validator_for(schema)(schema)
     relevance = jsonschema.exceptions.by_relevance(strong=frozenset({"additionalProperties", "unevaluatedProperties"}))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(config), key=relevance)
+    error = _best_error(list(validator.iter_errors(config)), relevance)
     if error is not None:
         keys = list(error.absolute_path)
-        path = ".".join(str(p) for p in keys) or "(top level)"
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in keys).lstrip(".") or "(top level)"
         message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
+        types = [e.validator_value for e in error.context if e.validator == "type" and not e.relative_path]
+        if error.validator in ("oneOf", "anyOf") and types and len(types) == len(error.context):
+            message = f"{error.instance!r} is not of type " + " or ".join(
+                repr(t) for v in types for t in (v if isinstance(v, list) else [v]))
+        if error.validator == "type" and isinstance(error.instance, str) and "number" in str(error.validator_value):
+            try:
+                float(error.instance)
+                message += f" (YAML reads {error.instance} as a string: write it with a dot, e.g. 1.0e-4)"
+            except ValueError:
+                pass
         # an unexpected key is set where it appears: look for the key itself (also at the top level)
-        extra = [k for k in (error.instance if isinstance(error.instance, dict) else {})
-                 if k not in error.schema.get("properties", {})] \
+        extra = [k for k in (error.instance if isinstance(error.instance, dict) else {}) if repr(k) in error.message] \
             if error.validator in ("additionalProperties", "unevaluatedProperties") else []
         where = _setting_file(files, keys + extra[:1])
         raise ValueError(f"config: {path}: {message}" + (f" (set {where})" if where else ""))
     validate(config, schema_path)
+
+
+def _best_error(errors: list, key):
+    """The most relevant error (``key``: jsonschema's ``by_relevance``), descending into oneOf / anyOf branches
+    like ``best_match`` but skipping a branch whose type does not fit the value at all (for ``null or object``
+    with a typo inside the object, the typo, not "is not of type 'null'")."""
+    best = max(errors, key=key, default=None)
+    while best is not None and best.context:
+        fitting = [e for e in best.context if not (e.validator == "type" and not e.relative_path)]
+        if not fitting:
+            break
+        best = max(fitting, key=key)
+    return best
 
 
 def _setting_file(files: list, keys: list) -> str | None:
@@ -86,7 +108,7 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
     Returns:
         The ablation runs ``[(mode, seed), ...]`` (every mode with every seed; empty without an ablation).
     Raises:
-        ValueError: a local model whose folder does not exist, two rl_data sources of one name, RL stages
+        ValueError: a local model whose folder does not exist, a hub model without hub_id, two rl_data sources of one name, RL stages
             enabled out of order, an evaluated model this run does not train, a benchmark name
             (held-out, decontamination, evaluation, per-benchmark limit, report lead) that is not defined, an
             enabled stage no rl_data source trains, hard_problems.min_passes not below k with stage 3 enabled, or an
@@ -98,6 +120,8 @@ def check_config(config: dict, rl_stages: list[str], model_dirs: dict) -> list[t
         if spec and spec.get("source") == "local" and not (spec.get("path") and os.path.isdir(spec["path"])):
             raise ValueError(f"config: {key}.source is local, but {key}.path {spec.get('path')!r} is not a folder "
                              "(a transformers model folder: config.json, weights, tokenizer)")
+        if spec and spec.get("source") == "hub" and not spec.get("hub_id"):
+            raise ValueError(f"config: {key}.source is hub, but {key}.hub_id is not set (e.g. Qwen/Qwen3-14B-Base)")
     names = [s["name"] for s in config["rl_data"]["sources"]]
     if len(set(names)) < len(names):
         raise ValueError(f"config: rl_data.sources names {sorted({n for n in names if names.count(n) > 1})} more than "

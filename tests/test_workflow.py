@@ -212,6 +212,9 @@ def test_a_local_model_whose_folder_does_not_exist_fails_before_any_job_runs(wor
     proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
     assert proc.returncode != 0 and f"config: model.source is local, but model.path '{tmp_path / 'no_model'}' is " \
         "not a folder" in proc.stderr + proc.stdout
+    cfg.write_text("model: {source: hub}\n")   # helper finding: failed only inside the base_model job
+    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
+    assert proc.returncode != 0 and "config: model.source is hub, but model.hub_id is not set" in proc.stderr + proc.stdout
 
 
 @pytest.mark.slow
