@@ -420,6 +420,11 @@ def test_a_broken_json_line_is_named_with_file_and_line(tmp_path):
     p.write_text('{"id": 1, "problem": "a", "answer": "1"}\n\n{"id": 2, "problem": "b, "answer": "2"}\n')
     with pytest.raises(ValueError, match=r"dataset 'd' \(file .*d\.jsonl\): line 3 \(1-based\) is not valid JSON"):
         load_source({"name": "d", "path": str(p), "fields": {"problem": "problem", "answer": "answer"}})
+    # the decoder's own position counts inside that one line: a column, not a contradicting "line 2"
+    p.write_text('{"id": 1, "problem": "a", "answer": "1"}\n{\n')
+    with pytest.raises(ValueError, match=r"line 2 \(1-based\) is not valid JSON: Expecting property name enclosed "
+                                         r"in double quotes at column 2$"):
+        load_source({"name": "d", "path": str(p), "fields": {"problem": "problem", "answer": "answer"}})
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -203,9 +203,10 @@ def _bad_json_line(path: Path) -> str:
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as e:
-                return f"line {lineno} (1-based) is not valid JSON: {e}"
+                # e's own "line 1 column N" counts inside this one line: give the column only
+                return f"line {lineno} (1-based) is not valid JSON: {e.msg} at column {e.colno}"
             if not isinstance(value, dict):
                 return f"line {lineno} (1-based) is not a JSON object"
     return "not readable as JSON Lines"
