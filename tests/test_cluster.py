@@ -115,9 +115,13 @@ def test_rl_trainer_arguments_from_the_paper_rule(slurm_jobs, tmp_path):
 
     params = _params(next(j for j in slurm_jobs if j["rule"] == "rl_stage1"))
     assert params["trainer"]["device"] == "cuda" and params["rollout"]["engine"] == "vllm"
+    # how often to checkpoint is not a param (changing it reruns nothing): the job gets it from the environment
+    # (RSTAR2_CHECKPOINT_EVERY, set by common.smk; `rstar2 rl` adds it), 5 in the paper config
+    assert "checkpoint_every" not in params
     params = {**params, "trainer": {**params["trainer"], "device": "cpu", "bf16": False},
-              "rollout": {**params["rollout"], "engine": "hf"}}
+              "rollout": {**params["rollout"], "engine": "hf"}, "checkpoint_every": 5}
     args = grpo_config(params, str(tmp_path), seed=0, num_processes=64)
+    assert args.save_steps == 5
     assert getattr(args.lr_scheduler_type, "value", None) == "constant_with_warmup" and args.warmup_steps == 20
     assert "adamw" in str(args.optim).lower() and args.weight_decay == 0.01
     assert args.learning_rate == 1e-6 and (args.epsilon, args.epsilon_high) == (0.2, 0.28)
