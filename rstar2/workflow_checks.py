@@ -280,14 +280,11 @@ def check_sft_sources(config: dict, cache_dir: str) -> None:
         return
     from .data import loaders
     from .data.sft import sources as sft_sources
-    from .data.sft.common import Context
 
     for i, spec in local:
-        ctx = Context(name=spec["name"], spec=spec, seed=config["seed"], tool_name=config["tool"]["name"],
-                      max_tool_chars=config["tool"]["max_output_chars"])
         try:
-            sft_sources.check_spec(spec)
-            sft_sources.convert(spec, ctx, loaders.WORKING_DIR)
+            sft_sources.read(spec, config["seed"], config["tool"]["name"], config["tool"]["max_output_chars"],
+                             loaders.WORKING_DIR)
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"config: sft_data.sources[{i}] ({spec['name']}) cannot be loaded: {e}") from None
     stamp.parent.mkdir(parents=True, exist_ok=True)

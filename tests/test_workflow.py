@@ -52,6 +52,16 @@ def planned_eval_models(workdir: Path, *args: str) -> set[str]:
     return set(re.findall(r"output: results/eval/(\w+)/manifest.json", out))
 
 
+def refused(workdir: Path, cfg: Path, text: str) -> str:
+    """Dry-run tiny.yaml with ``cfg`` (written with ``text``) layered on it; the run must be refused before any job.
+    Returns its output (stderr + stdout) for the test's own assertions on the message."""
+    cfg.write_text(text)
+    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
+    out = proc.stderr + proc.stdout
+    assert proc.returncode != 0, out[-2000:]
+    return out
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return copy_workflow(tmp_path_factory.mktemp("wf"))
@@ -111,23 +121,19 @@ def test_a_bad_heldout_benchmark_fails_before_any_job_runs(workdir, tmp_path):
 
 
 def test_an_evaluated_benchmark_with_a_wrong_field_mapping_fails_before_any_job_runs(workdir, tmp_path):
-    cfg = tmp_path / "bad_fields.yaml"
-    cfg.write_text("benchmarks: {mine: {path: data/eval/aime24/test.jsonl, fields: {problem: statement, "
-                   "answer: answer}, answer_type: integer}}\nevaluate: {benchmarks: [mine]}\n")
-    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
-    out = proc.stderr + proc.stdout
-    assert proc.returncode != 0 and "config: benchmarks.mine cannot be loaded" in out, out[-2000:]
+    out = refused(workdir, tmp_path / "bad_fields.yaml",
+                  "benchmarks: {mine: {path: data/eval/aime24/test.jsonl, fields: {problem: statement, "
+                  "answer: answer}, answer_type: integer}}\nevaluate: {benchmarks: [mine]}\n")
+    assert "config: benchmarks.mine cannot be loaded" in out, out[-2000:]
     assert "statement" in out
 
 
 def test_an_rl_data_source_with_a_wrong_field_mapping_fails_before_any_job_runs_and_a_good_one_is_cached(
         workdir, tmp_path):
-    cfg = tmp_path / "bad_source.yaml"
-    cfg.write_text("rl_data: {sources: [{name: mine, path: data/learning/train.jsonl, fields: {problem: question, "
-                   "answer: answer}}]}\n")
-    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
-    out = proc.stderr + proc.stdout
-    assert proc.returncode != 0 and "config: rl_data.sources[0] (mine) cannot be loaded" in out, out[-2000:]
+    out = refused(workdir, tmp_path / "bad_source.yaml",
+                  "rl_data: {sources: [{name: mine, path: data/learning/train.jsonl, fields: {problem: question, "
+                  "answer: answer}}]}\n")
+    assert "config: rl_data.sources[0] (mine) cannot be loaded" in out, out[-2000:]
     assert "'question'" in out and "data/learning/train.jsonl" in out
     stamps = workdir / ".snakemake/rstar2_checks"
     before = set(stamps.glob("rl-sources-*.ok")) if stamps.exists() else set()
@@ -142,12 +148,9 @@ def test_an_sft_source_with_a_wrong_field_mapping_or_format_fails_before_any_job
              "fields: {conversations: convs}}", "missing field 'convs'"),
             ("{name: alpaca, path: data/sft/alpaca_en_demo.json, format: sharegpt, limit: 2}",
              "missing field 'conversations'")]):
-        cfg = tmp_path / f"bad_sft{n}.yaml"
-        cfg.write_text(f"sft_data: {{sources: [{spec}]}}\n")
-        proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
-        out = proc.stderr + proc.stdout
+        out = refused(workdir, tmp_path / f"bad_sft{n}.yaml", f"sft_data: {{sources: [{spec}]}}\n")
         name = spec.split(",")[0].split()[-1]
-        assert proc.returncode != 0 and f"config: sft_data.sources[0] ({name}) cannot be loaded" in out, out[-2000:]
+        assert f"config: sft_data.sources[0] ({name}) cannot be loaded" in out, out[-2000:]
         assert says in out and "Traceback" not in out
 
 
@@ -191,30 +194,22 @@ def test_bad_config_value_names_the_key(workdir, tmp_path):
 
 
 def test_two_rl_data_sources_of_one_name_fail_before_any_job_runs(workdir, tmp_path):
-    cfg = tmp_path / "dup.yaml"
     src = "{name: mine, path: data/learning/train.jsonl, fields: {problem: problem, answer: answer}}"
-    cfg.write_text(f"rl_data: {{sources: [{src}, {src}]}}\n")
-    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
-    assert proc.returncode != 0 and "config: rl_data.sources names ['mine'] more than once" in proc.stderr + proc.stdout
+    out = refused(workdir, tmp_path / "dup.yaml", f"rl_data: {{sources: [{src}, {src}]}}\n")
+    assert "config: rl_data.sources names ['mine'] more than once" in out
 
 
 def test_hard_problem_mining_that_could_keep_nothing_fails_before_any_job_runs(workdir, tmp_path):
-    cfg = tmp_path / "mine.yaml"
-    cfg.write_text("hard_problems: {k: 2, min_passes: 2}\n")
-    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
-    assert proc.returncode != 0 and "config: hard_problems.min_passes (2) must be below hard_problems.k (2)" in \
-        proc.stderr + proc.stdout
+    out = refused(workdir, tmp_path / "mine.yaml", "hard_problems: {k: 2, min_passes: 2}\n")
+    assert "config: hard_problems.min_passes (2) must be below hard_problems.k (2)" in out
 
 
 def test_a_local_model_whose_folder_does_not_exist_fails_before_any_job_runs(workdir, tmp_path):
-    cfg = tmp_path / "mine.yaml"
-    cfg.write_text(f"model: {{source: local, path: {tmp_path / 'no_model'}}}\n")
-    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
-    assert proc.returncode != 0 and f"config: model.source is local, but model.path '{tmp_path / 'no_model'}' is " \
-        "not a folder" in proc.stderr + proc.stdout
-    cfg.write_text("model: {source: hub}\n")   # helper finding: failed only inside the base_model job
-    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
-    assert proc.returncode != 0 and "config: model.source is hub, but model.hub_id is not set" in proc.stderr + proc.stdout
+    out = refused(workdir, tmp_path / "mine.yaml", f"model: {{source: local, path: {tmp_path / 'no_model'}}}\n")
+    assert f"config: model.source is local, but model.path '{tmp_path / 'no_model'}' is not a folder" in out
+    # helper finding: failed only inside the base_model job
+    out = refused(workdir, tmp_path / "mine.yaml", "model: {source: hub}\n")
+    assert "config: model.source is hub, but model.hub_id is not set" in out
 
 
 @pytest.mark.slow
@@ -395,10 +390,8 @@ def test_missing_data_file_fails_at_parse_time_even_with_old_outputs(tmp_path):
 
 
 def test_an_rl_source_whose_answer_marker_matches_no_row_fails_before_any_job_runs(workdir, tmp_path):
-    cfg = tmp_path / "marker.yaml"
-    cfg.write_text("rl_data: {sources: [{name: mine, path: data/learning/train.jsonl, fields: {problem: problem, "
-                   "answer: answer}, answer_after: '####'}]}\n")
-    proc = smk(workdir, "-n", "--configfile", TINY, str(cfg), check=False)
-    out = proc.stderr + proc.stdout
-    assert proc.returncode != 0 and "config: rl_data.sources[0] (mine): none of its 2000 rows has a gold answer in " \
+    out = refused(workdir, tmp_path / "marker.yaml",
+                  "rl_data: {sources: [{name: mine, path: data/learning/train.jsonl, fields: {problem: problem, "
+                  "answer: answer}, answer_after: '####'}]}\n")
+    assert "config: rl_data.sources[0] (mine): none of its 2000 rows has a gold answer in " \
         "field 'answer' (answer_after '####' occurs in none of them)" in out, out[-1500:]

@@ -30,7 +30,7 @@ from pathlib import Path
 from .. import sandbox
 from ..data import loaders
 from ..data.sft import sources as sft_sources
-from ..data.sft.common import Context, check_row
+from ..data.sft.common import check_row
 from ..io import write_json, write_jsonl, write_manifest
 from ..params import to_dict
 from .params import SFTDataParams, parse
@@ -64,11 +64,8 @@ def run(params: dict, out_dir: str) -> None:
     for spec in specs:
         sft_sources.check_spec(spec)
 
-    converted = []   # every source is read and converted before any code runs
-    for spec in specs:
-        ctx = Context(name=spec["name"], spec=spec, seed=seed, tool_name=p.tool.name,
-                      max_tool_chars=p.tool.max_output_chars)
-        converted.append((ctx, *sft_sources.convert(spec, ctx, base_dir)))
+    # every source is read and converted before any code runs
+    converted = [sft_sources.read(spec, seed, p.tool.name, p.tool.max_output_chars, base_dir) for spec in specs]
 
     limits = sandbox.SandboxLimits(timeout_s=float(p.tool.timeout_s))
     rows_all: list[dict] = []

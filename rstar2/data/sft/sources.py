@@ -118,6 +118,18 @@ def convert(spec: dict, ctx: Context, base_dir: Path | str) -> tuple[list[tuple[
     return items, stats
 
 
+def read(spec: dict, seed: int, tool_name: str, max_tool_chars: int, base_dir: Path | str):
+    """``check_spec`` then ``convert`` one source with its own ``Context``: ``(ctx, items, stats)``; nothing is run
+    (the sft_data stage, and the workflow's DAG-time check of every local file source).
+
+    Raises:
+        what ``check_spec`` and ``convert`` raise.
+    """
+    check_spec(spec)
+    ctx = Context(name=spec["name"], spec=spec, seed=seed, tool_name=tool_name, max_tool_chars=max_tool_chars)
+    return (ctx, *convert(spec, ctx, base_dir))
+
+
 def finish(items: list[tuple[str, Pending]], stats: dict, ctx: Context, limits) -> list[dict]:
     """Run every pending row's Python calls (one batch per source) and build the output rows
     ``{"id", "source", "messages"}``; completes ``stats`` (rows_out, dropped, tool_calls, sandbox)."""
