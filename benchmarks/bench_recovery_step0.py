@@ -85,6 +85,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=3, help="print this many positives with a failed call")
     ap.add_argument("--json", help="also write the summary here")
+    ap.add_argument("--dump", help="also write every trajectory here (JSONL: question, gold, reward, finish, turns)")
     a = ap.parse_args(argv)
 
     from rstar2 import models, rollout
@@ -114,6 +115,10 @@ def main(argv=None) -> dict:
                     print(f"[tool {c['status']}] {c['output']}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
+    if a.dump:
+        Path(a.dump).write_text("".join(json.dumps({"question": t.question, "gold": t.gold, "reward": t.reward,
+                                                    "finish_reason": t.finish_reason, "turns": t.turns}) + "\n"
+                                        for t in trajs))
     return out
 
 

@@ -151,27 +151,36 @@ def test_heldout_by_kind_joins_logged_ids_to_the_data_files_kinds(tmp_path):
 
 
 def test_recovery_rows_show_the_real_sandbox_output_of_a_failed_then_a_fixed_call(tmp_path):
-    """Issue 23: every recovery demonstration's tool responses are what the sandbox prints when the calls are run
-    again here, the first is a real failure of the intended kind, the reason sentence names the exception the
-    model saw, and the corrected call is self-contained and prints the boxed answer."""
+    """Issue 23: every recovery demonstration's tool responses are what the RL loop shows when the calls are run
+    again here (the sandbox's output, or the rollout parser's error for a call that is not valid JSON), the first
+    is a real failure of the intended kind, the reason sentence names the exception the model saw, and the
+    corrected call is self-contained (no standard input) and prints the boxed answer."""
     from rstar2 import sandbox
     from rstar2.data.sft import recovery
     from rstar2.stages import sft_data
 
-    sft_data.run({"sources": [{"name": "recovery", "generate": "recovery", "n": 16}], **SFT_TOOL, "seed": 0},
+    sft_data.run({"sources": [{"name": "recovery", "generate": "recovery", "n": 24}], **SFT_TOOL, "seed": 0},
                  str(tmp_path))
     rows = _read(tmp_path / "train.jsonl")
     stats = json.loads((tmp_path / "stats.json").read_text())["sources"]["recovery"]
-    assert len(rows) == 16 and stats["sandbox"]["status"] == {"error": 16, "ok": 16}
+    undecodable = sum(stats.get(f"mistake_{k}", 0) for k in recovery.UNDECODABLE)
+    assert len(rows) == 24 and stats["sandbox"]["status"] == {"error": 24 - undecodable, "ok": 24}
     assert {k for k in stats if k.startswith("mistake_")} == {f"mistake_{k}" for k in recovery.MISTAKES}
-    calls = []
+    runs, parsed = [], 0
     for r in rows:
         system, user, call1, tool1, call2, tool2, final = r["messages"]
-        (c1,), (c2,) = chat.parse_tool_calls(call1["content"]), chat.parse_tool_calls(call2["content"])
-        calls.append((r, c1, c2))
-        assert c1.code != c2.code or c1.stdin != c2.stdin
-    again = sandbox.execute_many([(c.code, c.stdin) for _, c1, c2 in calls for c in (c1, c2)])
-    for (r, c1, c2), failed, fixed in zip(calls, again[::2], again[1::2]):
+        (c1,), (c2,) = (chat.parse_tool_calls(c["content"].removeprefix("<reason>")) for c in (call1, call2))
+        assert c2.error is None and c2.stdin == "" and "input()" not in c2.code
+        if c1.error is not None:  # the rollout's parser answered; nothing ran
+            parsed += 1
+            assert tool1["content"] == c1.error and c1.error.startswith("Failed to decode tool call")
+            assert "JSON" in call2["content"].split("</reason>")[0]
+        else:
+            assert c1.code != c2.code or c1.stdin != c2.stdin
+            runs.append((r, c1))
+    assert parsed == undecodable > 0
+    again = sandbox.execute_many([(c.code, c.stdin) for r, c1 in runs for c in (c1, _call(r, 4))])
+    for (r, c1), failed, fixed in zip(runs, again[::2], again[1::2]):
         _, user, _, tool1, call2, tool2, final = r["messages"]
         assert failed.status == "error" and fixed.status == "ok"
         assert tool1["content"] == sandbox.render_result(failed, 256)   # the real traceback, as the RL loop shows it
@@ -179,6 +188,11 @@ def test_recovery_rows_show_the_real_sandbox_output_of_a_failed_then_a_fixed_cal
         exc = recovery.exception_name(failed.stderr)
         assert exc in tool1["content"] and exc in call2["content"].split("</reason>")[0]
         assert final["content"].endswith(f"<answer>\\boxed{{{fixed.stdout.strip()}}}</answer>")
+
+
+def _call(row: dict, i: int):
+    (c,) = chat.parse_tool_calls(row["messages"][i]["content"])
+    return c
 
 
 @pytest.mark.parametrize("kind,code,stdin,expected", [
@@ -189,6 +203,11 @@ def test_recovery_rows_show_the_real_sandbox_output_of_a_failed_then_a_fixed_cal
     ("attribute_error", "s = 'ab'\nprint(s[::-1])", "", ("s = 'ab'\nprint(s.reverse())", "")),
     ("eof_error", "s = input()\nprint(s.upper())", "ab", ("s = input()\nprint(s.upper())", "")),
     ("eof_error", "s = 'ab'\nprint(s.upper())", "", None),
+    ("type_error", "print('planet' * 3)", "", ("n = input()\nprint('planet' * n)", "3")),
+    ("type_error", "s = input()\nprint(s.count('a'))", "ab", ("s = input()\nprint({!r} + s.count('a'))", "ab")),
+    ("type_error", "s = 'ab'\nprint(s.upper())", "", None),
+    ("json_error", "s = 'ab'\nprint(s.upper())", "", ('s = "ab"\nprint(s.upper())', "")),
+    ("json_error", 'print("a")', "", None),
 ])
 def test_recovery_mistakes(kind, code, stdin, expected):
     import random
@@ -198,5 +217,7 @@ def test_recovery_mistakes(kind, code, stdin, expected):
     got = recovery.MISTAKES[kind]({"code": code, "stdin": stdin}, random.Random(0))
     if expected and "{}" in expected[0]:  # the undefined name is drawn: any of the listed ones, never inside quotes
         assert got is not None and any(got[0] == expected[0].format(n) for n in recovery._OTHER_NAMES)
+    elif expected and "{!r}" in expected[0]:  # the label is drawn
+        assert got is not None and any(got == (expected[0].format(n), expected[1]) for n in recovery._LABELS)
     else:
         assert got == expected
