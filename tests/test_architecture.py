@@ -18,7 +18,7 @@ SCHEMA = yaml.safe_load((REPO_ROOT / "workflow/schemas/config.schema.yaml").read
 
 # Top: what the workflow calls. Middle: RL, rollouts, the report. Ground: everything else (data, grading, sandbox,
 # the wire format, metrics, io, models, params).
-TOP = ("rstar2.cli", "rstar2.stages", "rstar2.workflow_checks", "rstar2.reproduce")
+TOP = ("rstar2.cli", "rstar2.stages", "rstar2.workflow_checks", "rstar2.config_schema", "rstar2.reproduce")
 MIDDLE = ("rstar2.rl", "rstar2.rollout", "rstar2.report")
 
 

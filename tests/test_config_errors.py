@@ -1,4 +1,4 @@
-"""One-line config errors (rstar2.workflow_checks.validate_config): the key path, the real problem, the file."""
+"""One-line config errors (rstar2.config_schema.validate_config): the key path, the real problem, the file."""
 
 import copy
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rstar2.workflow_checks import validate_config
+from rstar2.config_schema import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = str(ROOT / "workflow/schemas/config.schema.yaml")

@@ -223,13 +223,13 @@ def validated_config(root, files: tuple = (), overrides: tuple = ()) -> dict:
     ``overrides`` (dicts), validated against the schema, which fills every default (benchmarks, tests).
 
     Raises:
-        ValueError: a value the schema refuses (one line naming its key: ``workflow_checks.validate_config``).
+        ValueError: a value the schema refuses (one line naming its key: ``config_schema.validate_config``).
     """
     from pathlib import Path
 
     import yaml
 
-    from ..workflow_checks import validate_config
+    from ..config_schema import validate_config
 
     root = Path(root)
     cfg = yaml.safe_load((root / "config.yaml").read_text())

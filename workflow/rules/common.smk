@@ -10,8 +10,9 @@ from rstar2.io import file_sha256
 from rstar2.reproduce import code_version
 from rstar2.params import to_dict as params_dict
 from rstar2.stages import params as stage_params
+from rstar2.config_schema import validate_config
 from rstar2.workflow_checks import (cached_check, check_benchmarks, check_config, check_data_files, check_rl_sources,
-                                    check_sft_sources, validate_config)
+                                    check_sft_sources)
 
 
 # A refused value is one line naming its key (Snakemake's own validate prints the whole schema and config).
