@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-from .. import sandbox
 from ..data import loaders
 from ..data.sft import sources as sft_sources
 from ..data.sft.common import check_row
@@ -44,7 +43,7 @@ def run(params: dict, out_dir: str) -> None:
     params: ``rstar2.stages.params.SFTDataParams`` or its JSON dict::
 
         sources  list of source specs (rstar2.data.sft.sources; the config's sft_data.sources)
-        tool     the code tool (config ``tool``: name, timeout_s of an executed call, max_output_chars shown)
+        tool     the code tool (config ``tool``: name, timeout_s and memory_mb of an executed call, max_output_chars)
         seed     int: seeds sampling, reason sentences and the final shuffle
 
     Relative paths start at the working directory (the folder snakemake runs in).
@@ -67,7 +66,7 @@ def run(params: dict, out_dir: str) -> None:
     # every source is read and converted before any code runs
     converted = [sft_sources.read(spec, seed, p.tool.name, p.tool.max_output_chars, base_dir) for spec in specs]
 
-    limits = sandbox.SandboxLimits(timeout_s=float(p.tool.timeout_s))
+    limits = p.tool.limits()  # the same per-call limits as the RL loop
     rows_all: list[dict] = []
     stats: dict = {"seed": seed, "sources": {}}
     for ctx, items, st in converted:
