@@ -224,9 +224,15 @@ def test_killed_mid_stage_then_completes(workdir):
     assert (workdir / "results/sft/manifest.json").exists()
     assert not (stage1 / "manifest.json").exists()
     assert not (workdir / "results/report/manifest.json").exists()
+    # A kill while the stage wrote its model leaves a partial declared output, which Snakemake marks incomplete
+    # (it stopped CI once, when the kill came during the save). Make that case certain: the rerun must redo the
+    # stage (profiles/default: rerun-incomplete) and the partial file must not survive.
+    (stage1 / "model").mkdir(exist_ok=True)
+    (stage1 / "model" / "partial.bin").write_bytes(b"cut off")
 
     smk(workdir, "--unlock", "--configfile", TINY)
     smk(workdir, "--cores", "2", "--configfile", TINY, timeout=900)
+    assert not (stage1 / "model" / "partial.bin").exists()
     for stage in ("base_model", "sft_data", "sft", "rl_candidates", "rl_data", "rl/stage1", "rl/stage2", "hard_problems",
                   "rl/stage3", "report"):
         assert (workdir / "results" / stage / "manifest.json").exists(), stage
