@@ -1,7 +1,8 @@
 """Command-line entry points, one subcommand per workflow rule (``rstar2 <stage> --params JSON ...``).
 
 The Snakemake rules pass each stage's resolved config section as JSON, so the same command can be run
-by hand to debug one stage. Data and config errors exit with status 2 and a one-line message.
+by hand to debug one stage. Data and config errors exit with status 2 and a one-line message; a stage stopped for a
+fault (``rstar2.faults.StageFault``) with status 3 and one line.
 """
 
 from __future__ import annotations
@@ -65,8 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if a.stage in ("compare-runs", "reproduce"):
         return _reproduce(a)
+    from .faults import StageFault
+
     try:
         _dispatch(a)
+    except StageFault as e:
+        # A fault the stage must not train through (rstar2.faults): one line; its checkpoints stay for a rerun.
+        if os.environ.get("RSTAR2_TRACEBACK"):
+            raise
+        print(f"rstar2 {a.stage}: stopped: {e}", file=sys.stderr)
+        return 3
     except (ValueError, FileNotFoundError) as e:
         # Data and config errors already name the file, row and field: print just that, not a traceback
         # (set RSTAR2_TRACEBACK=1 to see one).
@@ -146,6 +155,8 @@ def _dispatch(a: argparse.Namespace) -> None:
         from .stages import rl
         every = a.checkpoint_every if a.checkpoint_every is not None else os.environ.get("RSTAR2_CHECKPOINT_EVERY")
         params = a.params if every is None else {**a.params, "checkpoint_every": int(every)}
+        faults = os.environ.get("RSTAR2_RL_FAULTS")  # rl.faults, put there by the workflow (common.smk)
+        params = params if faults is None or "faults" in params else {**params, "faults": json.loads(faults)}
         rl.run(params, a.model, a.data, a.out, optimizer_from=a.optimizer_from)
     elif a.stage == "hard-problems":
         from .stages import hard_problems

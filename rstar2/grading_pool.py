@@ -15,6 +15,12 @@ multiprocessing program), otherwise every worker re-runs the script. Re-importin
 (torch, transformers: seconds) is start-up, not grading: a worker first reports that it is ready, and an
 item's deadline starts only then; a worker that is not ready within ``START_TIMEOUT_S`` fails its item with
 status ``error`` and a message saying so.
+
+A pool that stops answering altogether (every worker busy past ``stall_s`` with no item answered and no worker
+becoming ready: a start-up that hangs, a worker the per-item kill cannot end) is restarted once: its workers
+are killed, fresh ones answer the items still open. If the fresh pool does not answer either, ``map`` raises
+``GradingPoolStalled``, a ``StageFault``: a stage stops rather than score every answer 0 (RL stages set
+``stall_s`` from ``rl.faults.grading_stall_s``). ``stats()`` counts timeouts and restarts.
 """
 
 from __future__ import annotations
@@ -22,13 +28,22 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
+import sys
 import threading
 import time
 
+from . import faults
+
 START_TIMEOUT_S = 300.0   # worker start-up (re-importing the caller's __main__), not counted in item deadlines
+STALL_S = 120.0           # no answer and no worker ready for this long: the pool has stopped answering
 _CTX = None
 _POOL: "GradingPool | None" = None
 _POOL_LOCK = threading.Lock()
+_stall_s = STALL_S
+
+
+class GradingPoolStalled(faults.StageFault):
+    """The grading pool stopped answering and a restart did not bring it back."""
 
 
 def _context():
@@ -51,7 +66,8 @@ def _serve(conn) -> None:
     """Worker loop (main thread): receive (kind, args), answer ("ok", value) or ("error", message).
 
     Kinds: ``grade`` (grading.grade), ``score`` (grading.score_trajectory), ``load`` (import the checker of
-    a kind in ``grading.CHECKERS`` and its library), and each checker kind (its ``check(final_turn, ref)``).
+    a kind in ``grading.CHECKERS`` and its library), each checker kind (its ``check(final_turn, ref)``), and
+    ``hang``, which never answers (sent only by the fault injection of ``rstar2.faults``).
     """
     from rstar2 import grading
     conn.send(("ready", None))
@@ -63,6 +79,8 @@ def _serve(conn) -> None:
         if msg is None:
             return
         kind, args = msg
+        if kind == "hang":
+            time.sleep(1e9)
         try:
             if kind == "grade":
                 out = ("ok", grading.grade(*args))
@@ -80,10 +98,15 @@ def _serve(conn) -> None:
         conn.send(out)
 
 
+def _never_ready(conn) -> None:
+    """A worker that never reports ready (fault injection ``grading_stall``)."""
+    time.sleep(1e9)
+
+
 class _Worker:
-    def __init__(self):
+    def __init__(self, stall: bool = False):
         self.conn, child = _context().Pipe()
-        self.proc = _context().Process(target=_serve, args=(child,), daemon=True)
+        self.proc = _context().Process(target=_never_ready if stall else _serve, args=(child,), daemon=True)
         self.proc.start()
         child.close()
         self.ready = False
@@ -122,24 +145,63 @@ class _Worker:
 
 class GradingPool:
     """``workers`` grading processes; ``map(kind, items, timeout_s)`` runs items concurrently, each under a
-    wall-clock deadline. Thread-safe for one ``map`` at a time per pool (calls are serialised)."""
+    wall-clock deadline, and restarts the pool once if it stops answering for ``stall_s`` (module docstring).
+    Thread-safe for one ``map`` at a time per pool (calls are serialised). Counters: ``killed`` (workers replaced),
+    ``timeouts`` (items past their deadline), ``restarts`` (whole-pool restarts)."""
 
-    def __init__(self, workers: int | None = None):
-        self.n = workers or max(1, os.cpu_count() or 1)
-        self.workers = [_Worker() for _ in range(self.n)]
+    def __init__(self, workers: int | None = None, stall_s: float = STALL_S):
+        self.n, self.stall_s = workers or max(1, os.cpu_count() or 1), stall_s
+        self.generation = 0
+        self.workers = [self._new_worker() for _ in range(self.n)]
         self._lock = threading.Lock()
-        self.killed = 0
+        self.killed = self.timeouts = self.restarts = self.items = 0
+
+    def _new_worker(self) -> _Worker:
+        stall = faults.injected("grading_stall")
+        return _Worker(stall=stall == "always" or (stall == "once" and self.generation == 0))
 
     def map(self, kind: str, items: list[tuple], timeout_s: float) -> list[tuple[str, object, float]]:
-        """[(status, value_or_message, seconds)] in input order; status ok | error | timeout."""
+        """[(status, value_or_message, seconds)] in input order; status ok | error | timeout.
+
+        Raises:
+            GradingPoolStalled: no answer for ``stall_s`` seconds, and none again after a restart.
+        """
+        with self._lock:
+            first = self.items
+            self.items += len(items)
+            out = self._map_once(kind, items, timeout_s, first)
+            open_ = [i for i, o in enumerate(out) if o is None]
+            if open_:
+                print(f"[grading] no answer from any of {self.n} grading workers for {self.stall_s:.0f}s; restarting "
+                      f"the pool ({len(open_)} of {len(items)} items open)", file=sys.stderr, flush=True)
+                self.restart()
+                again = self._map_once(kind, [items[i] for i in open_], timeout_s, None)
+                if any(o is None for o in again):
+                    raise GradingPoolStalled(
+                        f"grading pool stopped answering: none of its {self.n} workers answered for "
+                        f"{self.stall_s:.0f}s, again after a restart (bound: rl.faults.grading_stall_s)")
+                for i, o in zip(open_, again):
+                    out[i] = o
+        return out
+
+    def _map_once(self, kind: str, items: list[tuple], timeout_s: float, first: int | None) -> list:
+        """One pass over ``items``; an item still open when the pool stalled is None. ``first``: how many items the
+        pool was given before these (fault injection counts items from 1), None for a retry pass."""
         out: list = [None] * len(items)
         nxt = iter(range(len(items)))
         take = threading.Lock()
+        state = {"progress": time.monotonic(), "abandoned": False}
+        hang = set(faults.injected("grading_hang_items") or []) if first is not None else set()
+
+        def advance() -> bool:
+            with take:
+                state["progress"] = time.monotonic()
+                return not state["abandoned"]
 
         def drive(slot: int):
             while True:
                 with take:
-                    i = next(nxt, None)
+                    i = None if state["abandoned"] else next(nxt, None)
                 if i is None:
                     return
                 w = self.workers[slot]
@@ -148,32 +210,48 @@ class GradingPool:
                     if not w.wait_ready(START_TIMEOUT_S):
                         raise OSError(f"did not start within {START_TIMEOUT_S:.0f}s (a script calling the grading "
                                       "pool must do so under `if __name__ == '__main__':`)")
+                    if not advance():
+                        return
                     if kind not in ("grade", "score"):
                         w.load(kind, START_TIMEOUT_S)
                     t0 = time.monotonic()
-                    w.conn.send((kind, items[i]))
-                    ready = w.conn.poll(timeout_s)
-                    if ready:
+                    w.conn.send(("hang", None) if first is not None and first + i + 1 in hang else (kind, items[i]))
+                    if w.conn.poll(timeout_s):
                         status, value = w.conn.recv()
-                        out[i] = (status, value, time.monotonic() - t0)
+                        if advance():
+                            out[i] = (status, value, time.monotonic() - t0)
                         continue
-                    status = "timeout"
+                    res = ("timeout", f"no answer within {timeout_s}s", time.monotonic() - t0)
                 except (EOFError, OSError, BrokenPipeError) as e:
-                    status, ready = "error", False
-                    out[i] = ("error", f"grading worker died: {e!r}", time.monotonic() - t0)
+                    res = ("error", f"grading worker died: {e!r}", time.monotonic() - t0)
+                with take:  # once the pool is abandoned its workers belong to the restart
+                    if state["abandoned"]:
+                        return
                 w.kill()  # overran its deadline (or died): replace it, the next item gets a fresh worker
                 self.killed += 1
-                self.workers[slot] = _Worker()
-                if status == "timeout":
-                    out[i] = ("timeout", f"no answer within {timeout_s}s", time.monotonic() - t0)
+                self.timeouts += res[0] == "timeout"
+                self.workers[slot] = self._new_worker()
+                if advance():
+                    out[i] = res
 
-        with self._lock:
-            threads = [threading.Thread(target=drive, args=(s,), daemon=True) for s in range(self.n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+        threads = [threading.Thread(target=drive, args=(s,), daemon=True) for s in range(self.n)]
+        for t in threads:
+            t.start()
+        while alive := [t for t in threads if t.is_alive()]:
+            alive[0].join(timeout=0.2)
+            with take:
+                if time.monotonic() - state["progress"] > self.stall_s:
+                    state["abandoned"] = True
+                    break
         return out
+
+    def restart(self) -> None:
+        """Kill every worker and start a fresh set (the next generation)."""
+        for w in self.workers:
+            w.kill()
+        self.generation += 1
+        self.restarts += 1
+        self.workers = [self._new_worker() for _ in range(self.n)]
 
     def close(self):
         for w in self.workers:
@@ -184,11 +262,25 @@ class GradingPool:
             w.kill()
 
 
+def configure(stall_s: float) -> None:
+    """Set the bound after which the shared pool counts as stalled (seconds; RL stages: rl.faults.grading_stall_s)."""
+    global _stall_s
+    with _POOL_LOCK:
+        _stall_s = stall_s
+        if _POOL is not None:
+            _POOL.stall_s = stall_s
+
+
+def stats() -> dict:
+    """The shared pool's counters so far: ``{"timeouts": items past their deadline, "restarts": pool restarts}``."""
+    return {"timeouts": _POOL.timeouts if _POOL else 0, "restarts": _POOL.restarts if _POOL else 0}
+
+
 def _pool() -> GradingPool:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = GradingPool()
+            _POOL = GradingPool(stall_s=_stall_s)
             atexit.register(_POOL.close)
         return _POOL
 

@@ -205,8 +205,10 @@ def test_every_stage_parameter_is_the_schema_default_on_a_minimal_config(minimal
     for stage in ("stage1", "stage2", "stage3"):
         rl = to_dict(P.rl(cfg, stage))
         shared = {k: v for k, v in rl_defaults.items()
-                  if k not in ("temperature", "top_p", "batch_size", "heldout", "micro_batch_tokens")}
+                  if k not in ("temperature", "top_p", "batch_size", "heldout", "micro_batch_tokens", "faults")}
         assert {k: rl[k] for k in shared} == shared, stage
+        faults = SCHEMA["properties"]["rl"]["properties"]["faults"]["properties"]
+        assert rl["faults"] == {k: v["default"] for k, v in faults.items()}
         mbt = SCHEMA["properties"]["rl"]["properties"]["micro_batch_tokens"]["properties"]["cpu"]["default"]
         assert rl["micro_batch_tokens"] == mbt
         # the schema's continue_optimizer defaults: stage 2 continues stage 1's optimizer, stage 3 starts fresh

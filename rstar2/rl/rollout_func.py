@@ -8,11 +8,11 @@ import os
 import random
 import time
 
+from .. import grading_pool, sandbox, seeds
 from .. import rollout as rollout_lib
-from .. import seeds
 from ..io import append_jsonl
 from ..memory import release_freed_memory
-from . import roc
+from . import fault_accounting, roc
 from .selection import GroupResult, PenaltyConfig, select, trajectory_penalties
 from .step_metrics import GroupStats, step_metrics
 
@@ -28,13 +28,15 @@ class RolloutFunc:
         seed: the stage's seed; step s samples its rollouts from ``seeds.derive(seed, "rollout", s)`` and makes its
             RoC choices with ``random.Random(seeds.derive(seed, "select", s, process index))``, so a resumed
             stage needs no RNG state but the step counter (issue 22). out_dir: where rollouts.jsonl is appended.
+        faults: when to stop for failing infrastructure (``fault_accounting.FaultPolicy``; None: never). Trajectories
+            whose tool call the sandbox could not serve are left out of selection and counted (fault_accounting).
     Raises:
         ValueError: unknown mode or positive_selection.
     """
 
     def __init__(self, answers: dict, rcfg: rollout_lib.RolloutConfig, group_size: int, oversample: int,
                  mode: str, positive_selection: str, seed: int, out_dir: str,
-                 penalty: PenaltyConfig | None = None):
+                 penalty: PenaltyConfig | None = None, faults: fault_accounting.FaultPolicy | None = None):
         if mode not in ("grpo", "grpo_roc"):
             raise ValueError(f"rl.mode must be 'grpo' or 'grpo_roc', got {mode!r}")
         if positive_selection not in roc.POSITIVE_SELECTIONS:
@@ -44,6 +46,7 @@ class RolloutFunc:
         self.n_draw = group_size * oversample if mode == "grpo_roc" else group_size
         self.mode, self.positive_selection = mode, positive_selection
         self.penalty = penalty or PenaltyConfig()
+        self.faults = faults
         self.out_dir = out_dir
         self.seed = seed
         self.pending: dict | None = None
@@ -75,6 +78,8 @@ class RolloutFunc:
             (kept trajectories, their advantages), possibly both empty when every group here was removed.
         Raises:
             ValueError: ``prompts`` is not a whole number of groups of G identical prompts.
+            fault_accounting.InfraFaultShare: too many of the step's tool calls were not served (the step's
+                metrics row is written first, with ``stopped``); grading_pool.GradingPoolStalled.
         """
         t0 = time.time()
         self.step += 1
@@ -90,6 +95,7 @@ class RolloutFunc:
             problems += [{"id": meta["id"], "problem": q, "answer": meta["answer"]}] * self.n_draw
         # server mode with several processes: the main process's scheduler runs every process's groups (issue 21)
         kw = {"engines": engines, "central": rollout_lib.central_for_trainer(trainer)} if engines is not None else {}
+        restarts = grading_pool.stats()["restarts"]
         # rl_data keeps integer-answer problems only (the paper's curation), so the reward is the integer grader's
         trajs = rollout_lib.run_rollouts(model, tok, problems, self.rcfg, answer_type="integer",
                                          progress=rollout_lib.Progress(f"rollout step {self.step}"),
@@ -97,24 +103,40 @@ class RolloutFunc:
         model.train()
         release_freed_memory()
         groups = [trajs[i:i + self.n_draw] for i in range(0, len(trajs), self.n_draw)]
+        groups, excluded, counts = fault_accounting.split_step(groups, grading_pool.stats()["restarts"] - restarts)
         penalties = [[trajectory_penalties(t, tok, self.penalty) for t in g] for g in groups]
         rng = random.Random(seeds.derive(self.seed, "select", self.step, self.process_index))
         results = select(groups, penalties, self.G, self.mode, self.positive_selection, self.penalty.eps, rng)
         self.last_results = results
         stats = [GroupStats.of(r) for r in results]
-        records = self._records(results)
+        records = [rows + fault_accounting.excluded_records(ex) for rows, ex in zip(self._records(results), excluded)]
+        counts = [counts]
         if self.num_processes > 1:  # every process's groups, in process order
             from accelerate.utils import gather_object
 
-            stats, records = gather_object(stats), gather_object(records)
+            stats, records, counts = gather_object(stats), gather_object(records), gather_object(counts)
         if self.process_index == 0:
             path = os.path.join(self.out_dir, "rollouts.jsonl")
             for gi, rows in enumerate(records):
                 for row in rows:
                     append_jsonl(path, {"step": self.step, "group": gi, **row})
-        self.pending = {**step_metrics(stats), "rollout_time_s": round(time.time() - t0, 2)}
+        counts = sum(counts, fault_accounting.StepFaults())
+        self.pending = {**step_metrics(stats), **fault_accounting.metrics(counts),
+                        "rollout_time_s": round(time.time() - t0, 2)}
+        self._stop_on_faults(counts)
         kept = [(r.trajs[i], a) for r in results for i, a in zip(r.kept, r.advantages)]
         return [t for t, _ in kept], [a for _, a in kept]
+
+    def _stop_on_faults(self, counts: fault_accounting.StepFaults) -> None:
+        """Stop before the update when the sandbox failed too many of the step's calls; the step's row is logged."""
+        why = self.faults and fault_accounting.over_share(counts, self.faults, self.step, sandbox.describe(),
+                                                          self.out_dir)
+        if not why:
+            return
+        if self.process_index == 0:
+            append_jsonl(os.path.join(self.out_dir, "metrics.jsonl"), {"step": self.step, **self.pending,
+                                                                       "update_skipped": True, "stopped": why})
+        raise fault_accounting.InfraFaultShare(why)
 
     @staticmethod
     def _records(results: list[GroupResult]) -> list[list[dict]]:

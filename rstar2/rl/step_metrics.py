@@ -62,6 +62,12 @@ def step_metrics(results: list) -> dict:
     groups_all_correct, groups_all_wrong, groups_dropped, kept_total, tool_error_penalty_mean,
     penalty_pos_mean, penalty_pos_kept_mean, loss_tokens. Ratios with an empty denominator are None. The trainer
     adds micro_batches (forward/backward passes of the step, the same on every process; 0 = update skipped).
+    Fault keys, from ``fault_accounting.metrics`` (rollout_func): tool_infra_failure_ratio (tool calls the sandbox
+    did not serve / all calls), tool_calls_unserved, tool_calls_retried, trajectories_excluded (left out of the
+    update, not in any key above), grading_timeouts, grading_pool_restarts; from ``finite_guard.FiniteGuard.row``
+    (trainer): nonfinite_skipped (this step's loss or gradient norm was not finite: no update) and skipped_steps
+    (such steps so far in the stage). A group whose every trajectory was excluded counts in groups and
+    groups_dropped only.
     """
     results = [r if isinstance(r, GroupStats) else GroupStats.of(r) for r in results]
     flat = [t for r in results for t in r.trajs]
@@ -72,8 +78,8 @@ def step_metrics(results: list) -> dict:
     statuses = [s for t in flat for s in t.tool_statuses]
     lengths = [t.response_tokens for t in flat]
     n_groups = len(results)
-    all_correct = sum(all(t.reward > 0 for t in r.trajs) for r in results)
-    all_wrong = sum(all(t.reward <= 0 for t in r.trajs) for r in results)
+    all_correct = sum(bool(r.trajs) and all(t.reward > 0 for t in r.trajs) for r in results)
+    all_wrong = sum(bool(r.trajs) and all(t.reward <= 0 for t in r.trajs) for r in results)
     return {
         "reward_mean": _mean(t.reward for t in flat),
         "accuracy": _mean(float(t.reward > 0) for t in flat),
@@ -106,7 +112,7 @@ def make_metrics_callback(rollout_fn: RolloutFunc, path: str, tensorboard_dir: s
 
     Row = the step's rollout metrics (``step_metrics``) + rollout_time_s + loss, grad_norm, learning_rate,
     entropy, clip_ratio (TRL's clip_ratio/region_mean), step_time_s and update_skipped; loss, grad_norm,
-    entropy and clip_ratio are None on a skipped step.
+    entropy and clip_ratio are None on a skipped step (no group kept, or ``nonfinite_skipped``).
     """
     from transformers import TrainerCallback
 
@@ -121,7 +127,7 @@ def make_metrics_callback(rollout_fn: RolloutFunc, path: str, tensorboard_dir: s
             if not state.is_world_process_zero:  # every process holds the same gathered metrics
                 rollout_fn.pending = None
                 return
-            skipped = rollout_fn.pending.get("kept_total", 1) == 0
+            skipped = rollout_fn.pending.get("kept_total", 1) == 0 or bool(rollout_fn.pending.get("nonfinite_skipped"))
             row = {"step": state.global_step, **rollout_fn.pending,
                    "loss": None if skipped else logs["loss"],
                    "grad_norm": None if skipped else logs.get("grad_norm"),
@@ -137,7 +143,8 @@ def make_metrics_callback(rollout_fn: RolloutFunc, path: str, tensorboard_dir: s
             print(f"\n[rl] step {row['step']}: reward {fmt(row['reward_mean'], '.3f')} kept {row['kept_total']} "
                   f"(dropped groups {row['groups_dropped']}/{row['groups']}) tool calls/traj "
                   f"{fmt(row['tool_calls_per_traj'], '.2f')} length {fmt(row['response_length_mean'], '.0f')} "
-                  f"loss {fmt(row['loss'], '.4f')}{' [update skipped]' if skipped else ''} "
+                  f"loss {fmt(row['loss'], '.4f')}{' [update skipped]' if skipped else ''}"
+                  f"{' [non-finite loss or gradient]' if row.get('nonfinite_skipped') else ''} "
                   f"({row['step_time_s']}s)", flush=True)
 
         def on_step_end(self, args, state, control, **kwargs):

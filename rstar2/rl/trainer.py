@@ -33,7 +33,8 @@ its engine then). TRL's ``num_items_in_batch`` normalisation and its loss are us
 
 A step in which every group was removed (all rewards equal everywhere) makes no forward pass and no optimizer
 update, while the step counter, learning-rate schedule and data position advance and the step is logged with
-``update_skipped: true`` (the released code also skips such steps; spec §1.3).
+``update_skipped: true`` (the released code also skips such steps; spec §1.3). So does a step whose loss or
+gradient norm is not finite (``finite_guard``: also ``nonfinite_skipped: true``; several in a row stop the stage).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import torch
 from ..io import write_json
 from .batch import build_batch, micro_batches, plan_micro_batches
 from .checkpoints import STATE_FILE, read_state
+from .finite_guard import FiniteGuard, inject_nan, make_stop_callback
 from .rollout_func import RolloutFunc, rollout_reward
 from .selection import GroupResult, PenaltyConfig, select, tool_response_texts, trajectory_penalties
 from .step_metrics import GroupStats, TrajStats, make_metrics_callback, step_metrics
@@ -71,6 +73,10 @@ def make_trainer_class():
         loss-path tests. micro_batch_tokens: padded tokens per micro-batch and process (``rl.micro_batch_tokens``),
         required with a rollout_fn. optimizer_from: a folder written by ``checkpoints.save_optimizer`` whose
         AdamW state and LR schedule a fresh (not resumed) run starts from (stage 2 after stage 1, paper §4.3).
+        finite_guard: skips the update of a step whose loss (any process) or gradient norm is not finite and stops
+        the stage after several in a row (``finite_guard``; None: no check, for loss-path tests). Under DeepSpeed,
+        whose engine steps before Trainer computes the norm, only the loss is checked. where: names the stage in
+        the guard's stop message (its output folder).
         Requires num_iterations = steps_per_generation = gradient_accumulation_steps = 1 (checked).
 
         Several processes (accelerate launch; DDP, DeepSpeed ZeRO-3 or FSDP): TRL's sampler hands each process a
@@ -88,7 +94,8 @@ def make_trainer_class():
         """
 
         def __init__(self, *args, rollout_fn: RolloutFunc | None, micro_batch_tokens: int | None = None,
-                     optimizer_from: str | None = None, **kwargs):
+                     optimizer_from: str | None = None, finite_guard: FiniteGuard | None = None,
+                     where: str = "rl", **kwargs):
             super().__init__(*args, **kwargs)
             a = self.args
             if (a.num_iterations, a.steps_per_generation, a.gradient_accumulation_steps) != (1, 1, 1):
@@ -109,6 +116,9 @@ def make_trainer_class():
             if rollout_fn is not None:  # None: only the loss path is used (tests)
                 rollout_fn.set_process(self.accelerator.process_index, self.accelerator.num_processes)
             self._skip_update = False
+            self.finite_guard, self._step_loss, self._grad_norm = finite_guard, None, None
+            if finite_guard is not None:  # after the metrics callback: the stopping step's row is written first
+                self.add_callback(make_stop_callback(finite_guard, where))
 
         def _rollout_engines(self):
             """Sync the policy into vLLM once per global step (TRL's rule), then return engines on it."""
@@ -167,6 +177,7 @@ def make_trainer_class():
             micro-batch, gradients accumulating (synchronised on the last one under DDP). Returns the step's
             loss (the sum of the micro-batch losses, each already divided by the whole step's token count)."""
             model.train()  # as Trainer.training_step does first; the rollouts switch to eval and back
+            self._step_loss, self._grad_norm = torch.zeros((), device=self.accelerator.device), None
             batches = self._rollout_micro_batches(inputs)
             self._skip_update = not batches
             if self._skip_update:  # no group survived anywhere: no forward pass, no optimizer step
@@ -183,6 +194,33 @@ def make_trainer_class():
                     total = total + super().training_step(model, make_batch(), num_items_in_batch)
             return total
 
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = inject_nan(super().compute_loss(model, inputs, return_outputs, num_items_in_batch),
+                              self.state.global_step + 1)  # test-only fault injection (rstar2.faults)
+            if self._step_loss is not None:  # before backward: known when DeepSpeed steps
+                self._step_loss = self._step_loss + loss.detach()
+            return loss
+
+        def _get_grad_norm(self, model, grad_norm=None):
+            self._grad_norm = super()._get_grad_norm(model, grad_norm)  # global, before the optimizer step
+            return self._grad_norm
+
+        def _finite_update(self) -> bool:
+            """Ask the guard whether this step's update may be applied (the same answer on every process) and put
+            its counts into the step's metrics."""
+            if self.finite_guard is None:
+                return not self._skip_update
+            loss = self._step_loss
+            if not self._skip_update and self.accelerator.num_processes > 1:  # any process's NaN skips them all
+                loss = self.accelerator.gather(loss.reshape(1)).sum()
+            ok = self.finite_guard.check(loss, self._grad_norm, update=not self._skip_update)
+            if isinstance(getattr(self.rollout_fn, "pending", None), dict):
+                self.rollout_fn.pending.update(self.finite_guard.row())
+            if self.finite_guard.step_skipped and self.accelerator.is_main_process:
+                print(f"[rl] step {self.state.global_step + 1}: non-finite loss or gradient norm "
+                      f"{self.finite_guard.last}: update skipped ({self.finite_guard.streak} in a row)", flush=True)
+            return ok and not self._skip_update
+
         def _prepare_inputs(self, inputs):
             if not self.model.training:  # GRPOTrainer.prediction_step would come here with prompts
                 raise NotImplementedError("RoCGRPOTrainer has no evaluation loop; use rstar2.stages.evaluate")
@@ -195,8 +233,8 @@ def make_trainer_class():
 
                 def step(closure=None):
                     # AdamW would still move the weights on a zero gradient (momentum, weight decay), so a step
-                    # without data must not reach it at all.
-                    return None if self._skip_update else inner_step(closure)
+                    # without data, or with a non-finite loss or gradient, must not reach it at all.
+                    return inner_step(closure) if self._finite_update() else None
 
                 opt.step, opt._rstar2_wrapped = step, True
             return opt
@@ -226,6 +264,8 @@ def make_trainer_class():
         def _save_checkpoint(self, model, trial):
             super()._save_checkpoint(model, trial)
             state = self.rollout_fn.state_dict()  # the step counter: every RL stream derives from it (rstar2.seeds)
+            if self.finite_guard is not None:
+                state["finite_guard"] = self.finite_guard.state_dict()
             if self.accelerator.is_main_process:
                 folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
                 write_json(os.path.join(folder, STATE_FILE), state)

@@ -134,11 +134,12 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] | None = None
-    # {"text", "tool_calls": [{"code","status","output","duration_s"}], "dropped_calls": int}
+    # {"text", "tool_calls": [{"code","status","output","duration_s"[, "attempts"]}], "dropped_calls": int}
     turns: list[dict] = field(default_factory=list)
-    finish_reason: str = ""                           # answer | max_turns | budget
+    finish_reason: str = ""                           # answer | max_turns | budget | infra-error
     pred: str | None = None
     reward: float = 0.0
+    grading_status: str | None = None                 # the grading pool's ok | timeout | error (None: not graded)
 
     @property
     def done(self) -> bool:
@@ -147,6 +148,12 @@ class Trajectory:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "budget"
+
+    @property
+    def unserved(self) -> bool:
+        """A tool call could not be served after the client's retries: the trajectory ended there, ungraded (it
+        says nothing about the model; RL leaves it out of the update, rl/fault_accounting.py)."""
+        return self.finish_reason == sandbox.INFRA_STATUS
 
     @property
     def tool_calls(self) -> list[dict]:
@@ -166,6 +173,8 @@ class Trajectory:
         d = asdict(self)
         for name in ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "key"):
             d.pop(name)
+        if d["grading_status"] in (None, "ok"):  # recorded only when grading failed
+            d.pop("grading_status")
         d.update(truncated=self.truncated, num_turns=len(self.turns), response_tokens=len(self.response_ids),
                  generated_tokens=self.num_generated_tokens)
         return d
@@ -195,7 +204,8 @@ def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | N
     ``golds`` (one per trajectory) sets each trajectory's gold first: evaluation rolls out without the answers
     (the policy never sees them) and grades afterwards.
 
-    A truncated trajectory scores 0 and is not graded (spec §1.8). The others are graded on their final
+    A truncated trajectory scores 0 and is not graded (spec §1.8), nor is one whose tool call the sandbox could not
+    serve (``Trajectory.unserved``). ``grading_status`` records the grading pool's status (a timeout scores 0). The others are graded on their final
     assistant turn by ``reward_fn(final_turn, gold) -> {"pred", "reward"}`` or, by default, by
     ``grading.score_trajectory`` in the killable grading workers (``grading_pool.score_many``: a
     per-item time bound, so an adversarial answer such as ``9^{9^{9}}`` cannot hang the rollout).
@@ -211,7 +221,7 @@ def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | N
         if t.gold is None:
             continue
         t.pred, t.reward = None, 0.0
-        if not t.truncated:
+        if not t.truncated and not t.unserved:
             todo.append((t, kind))
     finals = [t.turns[-1]["text"] if t.turns else "" for t, _ in todo]
     if reward_fn is None:
@@ -219,7 +229,7 @@ def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | N
     else:
         scored = [reward_fn(f, t.gold) for f, (t, _) in zip(finals, todo)]
     for (t, _), s in zip(todo, scored):
-        t.pred, t.reward = s["pred"], s["reward"]
+        t.pred, t.reward, t.grading_status = s["pred"], s["reward"], s.get("status", "ok")
 
 
 def with_earlier_cells(earlier: list[str], code: str) -> str:
@@ -297,8 +307,11 @@ class AgentLoop:
         if call.error is not None:
             return {"code": None, "status": "parse-error", "output": call.error, "duration_s": 0.0}
         r = await self.tools.run(with_earlier_cells(earlier, call.code), call.stdin)
-        return {"code": call.code, "status": r.status, "output": sandbox.render_result(r, self.cfg.tool.max_output_chars),
-                "duration_s": r.duration_s}
+        rec = {"code": call.code, "status": r.status, "output": sandbox.render_result(r, self.cfg.tool.max_output_chars),
+               "duration_s": r.duration_s}
+        if getattr(r, "attempts", 1) > 1:  # retried after an infrastructure failure (sandbox.SandboxClient)
+            rec["attempts"] = r.attempts
+        return rec
 
     async def run_tool_calls(self, t: Trajectory, calls: list[chat.ToolCall]) -> None:
         """Execute ``calls`` concurrently and append the masked tool-response turn (spec §2.4-2.5)."""
@@ -306,6 +319,9 @@ class AgentLoop:
         recs = await asyncio.gather(*(self._run_one(c, ok[: sum(1 for d in calls[:i] if d.error is None)])
                                       for i, c in enumerate(calls)))
         t.turns[-1]["tool_calls"] = list(recs)
+        if any(r["status"] == sandbox.INFRA_STATUS for r in recs):
+            t.finish_reason = sandbox.INFRA_STATUS  # the sandbox failed, not the model: nothing more to learn here
+            return
         texts = [r["output"] for r in recs]
         dropped = t.turns[-1].get("dropped_calls", 0)
         if dropped:

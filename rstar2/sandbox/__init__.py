@@ -22,7 +22,9 @@ Client interface (what the rollout loop calls)::
     client.close()                                   # or: with sandbox.make_client(...) as client: ...
 
 Calls are batched (up to 64, dispatched when full or 5 ms after the first), so the tool calls of all
-in-flight trajectories run concurrently. ``execute`` / ``execute_many`` are the simple synchronous entry
+in-flight trajectories run concurrently; a call that fails for the sandbox's own reasons is retried
+(``retries``), and one never served has status ``INFRA_STATUS`` (``is_infra_failure`` tells both apart from the
+code's own errors). ``execute`` / ``execute_many`` are the simple synchronous entry
 points, backed by one shared pool per process (created on first use, closed at exit).
 """
 
@@ -35,13 +37,14 @@ from .client import SandboxClient
 from .isolation import MODES as ISOLATION_MODES
 from .isolation import Isolation, detect
 from .pool import DEFAULT_PRELOAD, Pool
-from .results import STATUSES, ExecResult, SandboxLimits, render_result, truncate_middle
+from .results import (INFRA_STATUS, STATUSES, ExecResult, SandboxLimits, is_infra_failure, render_result,
+                      truncate_middle)
 
-__all__ = ["STATUSES", "ExecResult", "SandboxLimits", "render_result", "truncate_middle", "execute",
-           "execute_many", "Pool", "SandboxClient", "make_client", "configure", "Isolation", "detect",
-           "ISOLATION_MODES", "DEFAULT_PRELOAD", "shared_pool", "shared_client"]
+__all__ = ["INFRA_STATUS", "STATUSES", "ExecResult", "SandboxLimits", "is_infra_failure", "render_result",
+           "truncate_middle", "execute", "execute_many", "Pool", "SandboxClient", "make_client", "configure",
+           "describe", "Isolation", "detect", "ISOLATION_MODES", "DEFAULT_PRELOAD", "shared_pool", "shared_client"]
 
-_CLIENT_KEYS = ("batch_size", "batch_timeout_s", "url")
+_CLIENT_KEYS = ("batch_size", "batch_timeout_s", "url", "retries", "retry_backoff_s")
 _shared: Pool | None = None
 _shared_kwargs: dict = {}
 _client_kwargs: dict = {}
@@ -51,7 +54,8 @@ _shared_lock = threading.Lock()
 def configure(**cfg) -> None:
     """Apply the config's ``sandbox`` section to this process: pool options (workers, slots, isolation,
     allow_unsandboxed, preload) for the shared pool behind ``execute`` / ``execute_many`` /
-    :func:`shared_client`, and client options (batch_size, batch_timeout_s, url) for :func:`shared_client`.
+    :func:`shared_client`, and client options (batch_size, batch_timeout_s, url, retries, retry_backoff_s) for
+    :func:`shared_client`.
     Closes the current shared pool so the next call starts with them. Unknown keys raise TypeError later,
     when the pool is built."""
     global _shared, _shared_kwargs, _client_kwargs
@@ -69,6 +73,13 @@ def shared_client(limits: SandboxLimits | None = None) -> SandboxClient:
     if _client_kwargs.get("url"):
         return SandboxClient(limits=limits, **_client_kwargs)
     return SandboxClient(limits=limits, pool=shared_pool(), **_client_kwargs)
+
+
+def describe() -> str:
+    """The configured sandbox as a stage's errors name it: the service URL, or the local pool and its isolation."""
+    if _client_kwargs.get("url"):
+        return _client_kwargs["url"]
+    return f"local pool ({_shared.isolation.mode})" if _shared is not None else "local pool"
 
 
 def shared_pool() -> Pool:

@@ -9,11 +9,18 @@ Batches go to a local :class:`~rstar2.sandbox.pool.Pool` or, with ``url``, to th
 
 The batching runs on the client's own threads, so ``run`` works from any asyncio loop, and the
 synchronous ``run_many`` works from plain code (e.g. a TRL reward function).
+
+Infrastructure failures (``results.is_infra_failure``: a zygote that died with the call, a service that is
+unreachable, restarting or refusing the call for capacity, no worker answering) are retried up to ``retries``
+times, ``retry_backoff_s`` doubling between tries; each call is answered once, with ``attempts`` set. A call still
+unserved then comes back with status ``INFRA_STATUS``, which the RL step keeps apart from the model's own errors
+(``rl/fault_accounting.py``). The code's own failures (exceptions, timeouts, limits) are never retried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import queue
 import threading
@@ -22,7 +29,7 @@ import urllib.request
 from concurrent.futures import Future
 
 from .pool import Pool
-from .results import ExecResult, SandboxLimits
+from .results import INFRA_STATUS, ExecResult, SandboxLimits, is_infra_failure
 
 _STOP = object()
 
@@ -37,7 +44,8 @@ class SandboxClient:
 
     limits: per-call limits; batch_size / batch_timeout_s: send-worker batching (64 calls, 5 ms);
     send_workers: batches in flight at once; url: base URL of the HTTP service (None = a local pool built
-    from ``pool_kwargs``: workers, slots, isolation, allow_unsandboxed, preload; see :class:`Pool`).
+    from ``pool_kwargs``: workers, slots, isolation, allow_unsandboxed, preload; see :class:`Pool`);
+    retries / retry_backoff_s: tries after an infrastructure failure and the first pause (seconds, doubling).
 
     ``await run(code, stdin) -> ExecResult``; ``run_many([(code, stdin), ...]) -> list[ExecResult]`` (sync,
     input order); ``close()``; usable as a (sync) context manager. Raises RuntimeError from the constructor
@@ -46,9 +54,14 @@ class SandboxClient:
 
     def __init__(self, limits: SandboxLimits | None = None, batch_size: int = 64, batch_timeout_s: float = 0.005,
                  send_workers: int = 8, url: str | None = None, http_timeout_s: float = 3600.0,
-                 pool: Pool | None = None,
+                 pool: Pool | None = None, retries: int = 2, retry_backoff_s: float = 0.5,
                  **pool_kwargs):
+        if retries < 0 or retry_backoff_s < 0:
+            raise ValueError(f"SandboxClient: retries ({retries}) and retry_backoff_s ({retry_backoff_s}) must be >= 0")
         self.limits = limits or SandboxLimits()
+        self.retries, self.retry_backoff_s = retries, retry_backoff_s
+        self.infra_failures = 0   # attempts that failed for infrastructure reasons (each retried one counts)
+        self._count = threading.Lock()
         self.batch_size, self.batch_timeout_s, self.url, self.http_timeout_s = batch_size, batch_timeout_s, url, \
             http_timeout_s
         self._own_pool = pool is None and url is None
@@ -62,12 +75,41 @@ class SandboxClient:
 
     # -- public API ---------------------------------------------------------------------------------------
     def submit(self, code: str, stdin: str = "") -> Future:
-        """Queue one call; returns a concurrent Future of its ExecResult."""
+        """Queue one call; returns a concurrent Future of its ExecResult (retried as the module docstring says)."""
         if self._closed:
             raise RuntimeError("SandboxClient is closed")
         fut: Future = Future()
-        self._q.put((code, stdin or "", fut))
+        self._attempt(code, stdin or "", fut, 1)
         return fut
+
+    def describe(self) -> str:
+        """The sandbox this client sends to, as errors name it: the service URL or the local pool's isolation."""
+        return self.url or f"local pool ({self.pool.isolation.mode})"
+
+    def _attempt(self, code: str, stdin: str, outer: Future, n: int) -> None:
+        if self._closed:
+            self._settle(code, stdin, outer, n, _tool_error(RuntimeError("SandboxClient is closed")))
+            return
+        inner: Future = Future()
+        inner.add_done_callback(lambda f: self._settle(code, stdin, outer, n, f.result()))
+        self._q.put((code, stdin, inner))
+
+    def _settle(self, code: str, stdin: str, outer: Future, n: int, res: ExecResult) -> None:
+        """Answer ``outer`` with attempt ``n``'s result, or try again after an infrastructure failure."""
+        if is_infra_failure(res):
+            with self._count:
+                self.infra_failures += 1
+            if n <= self.retries and not self._closed:
+                t = threading.Timer(self.retry_backoff_s * 2 ** (n - 1), self._attempt, (code, stdin, outer, n + 1))
+                t.daemon = True
+                t.start()
+                return
+            res = ExecResult(INFRA_STATUS, None, res.stdout, f"{res.stderr.strip()} (sandbox {self.describe()}: "
+                             f"not served after {n} attempts)", res.duration_s, attempts=n)
+        elif n > 1:
+            res = dataclasses.replace(res, attempts=n)
+        if not outer.done():
+            outer.set_result(res)
 
     async def run(self, code: str, stdin: str = "") -> ExecResult:
         """Run one call; awaitable from any event loop. Never raises for anything the code does."""
@@ -86,6 +128,13 @@ class SandboxClient:
             self._q.put(_STOP)
         for t in self._senders:
             t.join(timeout=5)
+        while True:  # calls queued behind the stop (a retry, a late submit) must not wait forever
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP and not item[2].done():
+                item[2].set_result(_tool_error(RuntimeError("SandboxClient is closed")))
         if self._own_pool:
             self.pool.close()
 
@@ -167,9 +216,10 @@ class SandboxClient:
 def result_from_judge(r: dict) -> ExecResult:
     """Map one code-judge result ``{sub_id, success, run_success, cost, stdout, stderr, reason}`` (plus our own
     ``status``/``exit_code`` when the server is ours) to an ExecResult."""
-    status = r.get("status")
+    status, reason = r.get("status"), r.get("reason") or ""
     if status is None:
-        reason = r.get("reason") or ""
         status = "timeout" if reason == "worker_timeout" else ("ok" if r.get("run_success") else "error")
-    return ExecResult(status, r.get("exit_code", 0 if r.get("run_success") else 1), r.get("stdout") or "",
+    # internal_error: the code did not run to an exit (an infrastructure failure, retried by the client)
+    default_exit = None if reason == "internal_error" else (0 if r.get("run_success") else 1)
+    return ExecResult(status, r.get("exit_code", default_exit), r.get("stdout") or "",
                       r.get("stderr") or "", float(r.get("cost") or 0.0))

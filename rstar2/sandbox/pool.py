@@ -22,6 +22,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+from .. import faults
 from . import isolation as iso_mod
 from .probe import probe_workers
 from .python_layout import per_call_mounts, python_layout
@@ -59,6 +60,13 @@ np.linalg.solve(np.eye(2), np.ones(2)); np.arange(10).sum()
 CHILD_ENV = {"MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/rstar2-mpl", "OPENBLAS_NUM_THREADS": "1",
              "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "LANG": "C.UTF-8",
              "PATH": "/usr/bin:/bin"}
+
+
+def _sigkill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class _Worker:
@@ -177,6 +185,7 @@ class Pool:
             else {}
         n = workers or max(1, min(4, os.cpu_count() or 1))
         self._ids = itertools.count()
+        self.accepted = 0   # calls submitted (the count fault injection refers to)
         self._lock = threading.Lock()
         self._closed = False
         self._host_dirs: list[str] = []
@@ -222,7 +231,14 @@ class Pool:
                 raise RuntimeError("sandbox pool is closed")
             worker = self._pick(code)
             call_id = next(self._ids)
+            self.accepted += 1
+            n = self.accepted
         worker.submit(call_id, code, stdin, limits or self.limits, fut)
+        delay = faults.sandbox_kill_delay(n)
+        if delay is not None:  # test-only fault injection: this zygote's whole sandbox dies as in a crash
+            t = threading.Timer(delay, _sigkill_group, (worker.proc.pid,))
+            t.daemon = True
+            t.start()
         return fut
 
     def _pick(self, code: str) -> _Worker:

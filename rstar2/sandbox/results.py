@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-STATUSES = ("ok", "error", "timeout", "memory", "output-limit", "parse-error")
+# A call the sandbox could not serve, after the client's retries (sandbox worker crashed, service unreachable,
+# call rejected for capacity): a failure of the infrastructure, not of the model's code (rl/fault_accounting.py).
+INFRA_STATUS = "infra-error"
+STATUSES = ("ok", "error", "timeout", "memory", "output-limit", "parse-error", INFRA_STATUS)
 
 
 @dataclass
@@ -12,16 +15,26 @@ class ExecResult:
     """Structured outcome of one tool call.
 
     status: one of ``STATUSES``; exit_code: the process exit status (negative = killed by that signal);
-    stdout/stderr: captured text, each capped at ``max_output_bytes``; duration_s: wall seconds.
+    stdout/stderr: captured text, each capped at ``max_output_bytes``; duration_s: wall seconds; attempts: how
+    often the client sent the call (infrastructure failures are retried, ``SandboxClient``).
     """
     status: str
     exit_code: int | None
     stdout: str
     stderr: str
     duration_s: float
+    attempts: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def is_infra_failure(res: ExecResult) -> bool:
+    """True for a failure of the sandbox rather than of the code: ``INFRA_STATUS``, or status ``error`` with no exit
+    code (the code never ran to an exit: its zygote died and the call was lost, the service was unreachable or
+    refused it, no worker answered; ``wire.judge_result`` calls these ``internal_error``). The code's own failures
+    (an exception, a timeout, a limit) always have an exit code, so model-written code cannot produce one."""
+    return res.status == INFRA_STATUS or (res.status == "error" and res.exit_code is None)
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .results import ExecResult, SandboxLimits
+from .results import ExecResult, SandboxLimits, is_infra_failure
 
 QUEUE_KEY = "rstar2:sandbox:queue"
 REPLY_PREFIX = "rstar2:sandbox:reply:"
@@ -24,11 +24,11 @@ def judge_result(sub_id: str, res: ExecResult) -> dict:
     """An ExecResult in code-judge's SubmissionResult shape (plus ``status`` and ``exit_code``).
 
     reason: ``worker_timeout`` for a timeout; ``internal_error`` for a failure that is not the code's own
-    (status ``error`` with no exit code: the pool lost the call, e.g. its zygote crashed); otherwise ``""``.
+    (``results.is_infra_failure``: the pool lost the call, e.g. its zygote crashed); otherwise ``""``.
     """
     if res.status == "timeout":
         reason = "worker_timeout"
-    elif res.status == "error" and res.exit_code is None:
+    elif is_infra_failure(res):
         reason = "internal_error"
     else:
         reason = ""

@@ -16,6 +16,7 @@ import zlib
 from dataclasses import dataclass
 
 from ..params import parse, to_dict
+from ..rl.fault_accounting import FaultPolicy
 from ..rollout import RolloutConfig, ToolConfig
 
 __all__ = ["BaseModelParams", "EvaluateParams", "HardProblemsParams", "HeldoutParams", "LabelVerificationParams",
@@ -165,6 +166,7 @@ class RLParams:
     rollout: RolloutConfig
     trainer: TrainerParams
     heldout: HeldoutParams | None
+    faults: FaultPolicy         # when to stop for failing infrastructure (rl.faults; changes no fault-free result)
     seed: int
 
     @property

@@ -110,17 +110,22 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
             ``tensorboard/``, ``optimizer/`` (with save_optimizer), then ``manifest.json``. Checkpoints go to
             ``results/rl/checkpoints/stageN`` (``rstar2.rl.checkpoints``): a killed stage resumes from the last
             one, with optimizer, LR schedule, RNG, data position, step counter and logs as they were at that step.
+            ``params.faults`` (rl.faults): a stage stops with a ``StageFault`` when the sandbox fails too many of a
+            step's tool calls, the grading pool stops answering, or too many non-finite steps come in a row; its
+            checkpoints stay, so a rerun resumes (rl/fault_accounting.py, grading_pool.py, rl/finite_guard.py).
         optimizer_from: the previous stage's ``optimizer/`` folder; required with continue_optimizer (paper
             §4.3: stage 2 continues stage 1's optimizer; stage 3 resets it).
     Raises:
         ValueError: the training set is empty (e.g. hard-problem mining kept nothing); a missing or unknown
             parameter; continue_optimizer without optimizer_from.
         FileNotFoundError: optimizer_from holds no complete optimizer state.
+        rstar2.faults.StageFault: the stage stopped for a fault (one line naming it).
     """
     from datasets import Dataset
 
-    from .. import distributed, models, precision
+    from .. import distributed, grading_pool, models, precision
     from ..rl import checkpoints
+    from ..rl.finite_guard import FiniteGuard
     from ..rl.trainer import PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, rollout_reward
 
     t0 = time.time()
@@ -146,9 +151,10 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
                          "(rstar2 rl --optimizer-from results/rl/stageN/optimizer)")
     carried = checkpoints.read_carried(optimizer_from) if p.continue_optimizer else None
     ckpt_root = checkpoints.checkpoint_root(out)
-    # held-out settings are measurement and checkpoint_every bookkeeping, not training: changing them resumes
-    fp = checkpoints.fingerprint({k: v for k, v in to_dict(p).items() if k not in ("heldout", "checkpoint_every")},
-                                 model_dir, data_path, carried)
+    # held-out settings are measurement, checkpoint_every and faults bookkeeping, not training: changing them resumes
+    # (a stage stopped by a fault resumes after its limit was raised)
+    fp = checkpoints.fingerprint({k: v for k, v in to_dict(p).items()
+                                  if k not in ("heldout", "checkpoint_every", "faults")}, model_dir, data_path, carried)
     with ps.main_process_first():  # the main process clears a stale folder; the others then find it ready
         resume = checkpoints.prepare(ckpt_root, fp)
     resume_step = checkpoints.read_state(resume)["step"] if resume else 0
@@ -173,10 +179,13 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     model, tok = models.load(model_dir)
     penalty = PenaltyConfig(p.error_penalty, p.format_penalty, p.penalty_eps)
     rollout_fn = RolloutFunc(answers, p.rollout, G, p.oversample, p.mode, p.positive_selection, seed, str(out),
-                             penalty)
+                             penalty, faults=p.faults)
     rollout_fn.set_process(ps.process_index, ps.num_processes)
+    grading_pool.configure(stall_s=p.faults.grading_stall_s)
+    guard = FiniteGuard(p.faults.max_nonfinite_steps)
     if resume:
         rollout_fn.load_state_dict(checkpoints.read_state(resume))
+        guard.load_state_dict(checkpoints.read_state(resume).get("finite_guard", {}))
         print(f"[rl] resuming {p.name} from {resume} (step {resume_step})", flush=True)
     callback = make_metrics_callback(rollout_fn, str(out / "metrics.jsonl"), str(out / "tensorboard"))
     if resume and ps.is_main_process:
@@ -184,7 +193,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     callbacks = [callback] + _heldout_callbacks(p, heldout, out, ps.is_main_process)
     trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
                                    processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks,
-                                   micro_batch_tokens=p.micro_batch_tokens,
+                                   micro_batch_tokens=p.micro_batch_tokens, finite_guard=guard, where=str(out),
                                    optimizer_from=str(optimizer_from) if carried else None)
     if p.trainer.shared_prefix and ps.num_processes == 1:  # a DDP/FSDP/ZeRO-3 wrapper must see every forward
         from ..rl import shared_prefix

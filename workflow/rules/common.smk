@@ -31,6 +31,8 @@ os.environ.update(RSTAR2_SANDBOX=json.dumps(config["sandbox"]))
 # Nor does how often an RL run checkpoints (rl.checkpoint_every): `rstar2 rl` reads it from here (a job on another
 # node parses this file again and sets it there too).
 os.environ.update(RSTAR2_CHECKPOINT_EVERY=str(config["rl"]["checkpoint_every"]))
+# Nor does when an RL run stops for failing infrastructure (rl.faults): RSTAR2_RL_FAULTS, read by `rstar2 rl`.
+os.environ.update(RSTAR2_RL_FAULTS=json.dumps(config["rl"]["faults"]))
 
 # RL stages run in order; a null stage ends the pipeline at the one before (configs/cpu-learning.yaml runs stage 1).
 RL_STAGES = [s for s in ("stage1", "stage2", "stage3") if config["rl"]["stages"].get(s)]
@@ -138,9 +140,9 @@ RL_RUNS.update({f"ablation/{m}-seed{s}": ("ablation", (m, s)) for (m, s) in ABLA
 def rl_run_params(wildcards):
     kind, what = RL_RUNS[wildcards.run]
     p = stage_params.rl(config, what) if kind == "stage" else stage_params.rl(config, "stage1", what)
-    # how often to checkpoint changes no result: it travels in the environment (RSTAR2_CHECKPOINT_EVERY, above), so
-    # that editing it reruns no finished stage (Snakemake reruns a job whose params changed)
-    return to_json({k: v for k, v in params_dict(p).items() if k != "checkpoint_every"})
+    # how often to checkpoint and when to stop for faults change no result: they travel in the environment
+    # (RSTAR2_CHECKPOINT_EVERY, RSTAR2_RL_FAULTS, above), so that editing them reruns no finished stage (Snakemake reruns a job whose params changed)
+    return to_json({k: v for k, v in params_dict(p).items() if k not in ("checkpoint_every", "faults")})
 
 
 def rl_run_input(wildcards):
