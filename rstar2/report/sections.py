@@ -6,6 +6,7 @@ from pathlib import Path
 
 from . import paper
 from .canvas import NO_DATA
+from .faults import faults
 from .document import Figure, Heading, Para, Table
 from .inputs import benchmarks_of, num, pct
 
@@ -212,8 +213,8 @@ def _trained_on(manifest: dict | None) -> tuple[str, str]:
 
 def training(stages: dict[str, list[dict]], manifests: dict[str, dict | None]) -> list:
     """One row per RL stage (what it trained on, problems and updates, first/last reward and accuracy, last
-    length, tool error ratio of positives, truncation ratio, all-correct fraction, wall time), and a warning per
-    stage without learning signal."""
+    length, tool error ratio of positives, truncation ratio, all-correct fraction, wall time), a warning per
+    stage without learning signal, and the fault table where a stage had faults (``faults``)."""
     blocks: list = [Heading("RL training")]
     if not stages:
         return blocks + [Para(f"RL training: {NO_DATA}.")]
@@ -240,6 +241,7 @@ def training(stages: dict[str, list[dict]], manifests: dict[str, dict | None]) -
                                 "Updates: steps whose groups were not all equal. Wall time is the sum of per-step "
                                 "times (the stage manifest's wall time when steps carry none)."))
     blocks += no_signal_warnings(stages)
+    blocks += faults(stages)
     blocks.append(Figure("training_curves.png", "RL training curves (paper Figs. 4, 8, 9)"))
     return blocks
 

@@ -23,8 +23,11 @@ deployments interoperate:
   holds are bounded (``--max-connections``) whatever the batch sizes and the number of requests in flight.
 - Workers (``python -m rstar2.sandbox.service worker --redis URL``) pop jobs and run them in a local
   :class:`~rstar2.sandbox.pool.Pool`, so every execution has the pool's isolation. A worker and an API
-  outlive a Redis restart: they log, back off and reconnect (the worker keeps its warm pool); calls queued
-  or answered in the lost Redis come back as ``internal_error`` when their wait runs out.
+  outlive a Redis restart: they log, back off and reconnect (the worker keeps its warm pool).
+- Faults (``recovery.py``): the calls of a worker that dies mid-call are queued again for another worker; after a
+  Redis restart that lost the queue, the API queues the calls it still waits for again; a call is answered once
+  (the first result wins). With ``--max-queued N`` a request that would grow the queue past N waiting calls gets
+  HTTP 503 (capacity), which the client retries like any infrastructure failure.
 
 Run: ``python -m rstar2.sandbox.service api --redis redis://127.0.0.1:6379/0 --port 8088`` and one or more
 ``... worker --redis ...`` processes (any nodes that reach the Redis).
@@ -41,6 +44,7 @@ import logging
 import time
 import uuid
 
+from . import recovery
 from .pool import Pool
 from .results import SandboxLimits
 # cap_limits and judge_result: re-exported, the service's wire as callers of this module know it
@@ -59,17 +63,22 @@ class _Replies:
         self.key = REPLY_PREFIX + uuid.uuid4().hex
         self.waiters: dict[str, asyncio.Future] = {}
         self.task: asyncio.Task | None = None
+        self.reaper: asyncio.Task | None = None
+        self.outages = 0   # Redis errors seen; a request waiting through one checks whether Redis restarted
 
     def ensure_listening(self) -> None:
-        """Start the reading loop in the running event loop unless it is running already."""
+        """Start the reading loop (and the reaper of dead workers' calls) in the running event loop unless running."""
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self.listen())
+        if self.reaper is None or self.reaper.done():
+            self.reaper = asyncio.create_task(recovery.reaper(self.r))
 
     async def close(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+        for task in (self.task, self.reaper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def expect(self, jids: list[str]) -> list[asyncio.Future]:
         loop = asyncio.get_running_loop()
@@ -93,6 +102,7 @@ class _Replies:
                 msgs = [got[1]] + (await self.r.lpop(self.key, 1000) or [])  # drain what else arrived
                 pause = BACKOFF_S[0]
             except RedisError as e:
+                self.outages += 1
                 log.warning("sandbox API: Redis unavailable (%s: %s); retrying in %.1f s", type(e).__name__, e,
                             pause)
                 await self.r.connection_pool.disconnect(inuse_connections=False)  # idle ones are stale too
@@ -111,13 +121,14 @@ class _Replies:
 
 
 def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: float = DEFAULT_GRACE_S,
-               max_connections: int = 32):
+               max_connections: int = 32, max_queued: int = 0):
     """The FastAPI app (routes ``GET /ping``, ``POST /run/long-batch``; see the module docstring).
 
     limits: defaults for fields a submission's ``limits`` leaves out; grace_s: seconds beyond the batch's
     largest ``timeout_s`` to wait before answering ``internal_error`` (no worker alive, or the queue far
-    behind); max_connections: Redis connections this process may open (requests wait for a free one).
-    Malformed requests get HTTP 422 naming the submission and field.
+    behind); max_connections: Redis connections this process may open (requests wait for a free one);
+    max_queued: calls that may wait in the queue before a request is refused with HTTP 503 (0: no limit; a request
+    finding the queue empty is always taken). Malformed requests get HTTP 422 naming the submission and field.
     """
     from fastapi import FastAPI, HTTPException
     from redis import asyncio as aredis
@@ -140,6 +151,27 @@ def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: flo
             await pool.disconnect()
 
     app = FastAPI(title="rstar2 sandbox", lifespan=lifespan)
+
+    async def _wait(queued: list[str], futs: list, wait_s: float, ids: dict) -> None:
+        """Wait up to ``wait_s`` for ``futs``; after a Redis outage, queue the open calls again if Redis restarted
+        (``ids``: the Redis run_id when they were queued, and the outage count seen then)."""
+        loop = asyncio.get_running_loop()
+        deadline, pending = loop.time() + wait_s, set(futs)
+        while pending and (left := deadline - loop.time()) > 0:
+            _, pending = await asyncio.wait(pending, timeout=min(left, 1.0))
+            if pending and replies.outages != ids["seen"]:
+                await _requeue_open(queued, futs, ids)
+
+    async def _requeue_open(queued: list[str], futs: list, ids: dict) -> None:
+        try:
+            now = await recovery.run_id(r)
+            if now != ids["rid"]:
+                again = [q for q, f in zip(queued, futs) if not f.done()]
+                await r.zadd(QUEUE_KEY, {q: time.time() for q in again})
+                log.warning("sandbox API: Redis restarted and lost its queue; %d calls queued again", len(again))
+            ids["rid"], ids["seen"] = now, replies.outages
+        except RedisError:
+            pass  # still down: try again on the next round
 
     @app.get("/ping")
     async def ping():
@@ -171,6 +203,14 @@ def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: flo
                              "limits": want})
         wait_s = max(timeouts) + grace_s
         replies.ensure_listening()
+        if max_queued:
+            try:
+                waiting = await r.zcard(QUEUE_KEY)
+            except RedisError:
+                waiting = 0  # queueing below answers the failure
+            if waiting and waiting + len(payloads) > max_queued:
+                raise HTTPException(503, f"sandbox queue full: {waiting} calls waiting (--max-queued {max_queued})",
+                                    headers={"Retry-After": "1"})
         futs = replies.expect(jids)  # before queueing, so no result can arrive unawaited
         queued: list[str] = []
         try:
@@ -178,11 +218,12 @@ def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: flo
                 now_s, now_us = await r.time()
                 expires = now_s + now_us / 1e6 + wait_s  # Redis's clock, so workers on other nodes agree
                 queued = [json.dumps({**p, "expires": expires}) for p in payloads]
+                ids = {"rid": await recovery.run_id(r), "seen": replies.outages}
                 await r.zadd(QUEUE_KEY, {q: time.time() for q in queued})
             except RedisError as e:
                 return {"sub_id": body.get("sub_id") or uuid.uuid4().hex,
                         "results": [failure_result(s, f"sandbox queue unavailable: {e!r}") for s in sub_ids]}
-            await asyncio.wait(futs, timeout=wait_s)
+            await _wait(queued, futs, wait_s, ids)
             results = [{**f.result(), "sub_id": s} if f.done() else
                        failure_result(s, f"no sandbox worker answered within {wait_s:.0f} s")
                        for s, f in zip(sub_ids, futs)]
@@ -213,7 +254,11 @@ def main(argv=None):
     p.add_argument("--grace-s", type=float, default=DEFAULT_GRACE_S,
                    help="api: seconds beyond a batch's largest timeout before unanswered calls get internal_error")
     p.add_argument("--max-connections", type=int, default=32, help="api: Redis connections per API process")
-    p.add_argument("--workers", type=int, default=None, help="zygotes in this worker's pool (default: cores)")
+    p.add_argument("--max-queued", type=int, default=0,
+                   help="api: calls that may wait in the queue before a request gets HTTP 503 (0: no limit)")
+    p.add_argument("--workers", type=int, default=None, help="numpy/sympy zygotes in this worker's pool (default: cores)")
+    p.add_argument("--lean-workers", type=int, default=None, help="stdlib-only zygotes (default: as --workers)")
+    p.add_argument("--full-workers", type=int, default=None, help="scipy/matplotlib zygotes (default: as --workers)")
     p.add_argument("--isolation", default="auto")
     p.add_argument("--allow-unsandboxed", action="store_true")
     a = p.parse_args(argv)
@@ -221,10 +266,11 @@ def main(argv=None):
     lim = SandboxLimits(timeout_s=a.timeout_s, memory_mb=a.memory_mb)
     if a.role == "api":
         import uvicorn
-        uvicorn.run(create_app(a.redis, lim, grace_s=a.grace_s, max_connections=a.max_connections),
-                    host=a.host, port=a.port, log_level="warning")
+        uvicorn.run(create_app(a.redis, lim, grace_s=a.grace_s, max_connections=a.max_connections,
+                               max_queued=a.max_queued), host=a.host, port=a.port, log_level="warning")
     else:
-        with Pool(lim, workers=a.workers, isolation=a.isolation, allow_unsandboxed=a.allow_unsandboxed) as pool:
+        with Pool(lim, workers=a.workers, lean_workers=a.lean_workers, full_workers=a.full_workers,
+                  isolation=a.isolation, allow_unsandboxed=a.allow_unsandboxed) as pool:
             log.info("sandbox worker: %d zygotes x %d slots, limits at most %s, queue %s", len(pool.workers),
                      pool.slots, lim, a.redis)
             run_worker(a.redis, pool)

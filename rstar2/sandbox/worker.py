@@ -1,6 +1,7 @@
 """The sandbox service's worker (``python -m rstar2.sandbox.service worker``): pops jobs from the Redis queue, runs
 them in a local :class:`~rstar2.sandbox.pool.Pool` (so every execution has the pool's isolation) and pushes each
-result to its caller's reply list. The API side and the module overview: ``service.py``."""
+result to its caller's reply list. The API side and the module overview: ``service.py``; how a worker's death or a Redis
+restart loses no call: ``recovery.py`` (heartbeat, in-flight registry)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import logging
 import queue
 import threading
+import uuid
 
+from . import recovery
 from .pool import Pool
 from .results import ExecResult, SandboxLimits
 from .wire import BACKOFF_S, BLOCK_S, QUEUE_KEY, RESULT_TTL_S, SOCKET_TIMEOUT_S, cap_limits, judge_result
@@ -16,21 +19,21 @@ from .wire import BACKOFF_S, BLOCK_S, QUEUE_KEY, RESULT_TTL_S, SOCKET_TIMEOUT_S,
 log = logging.getLogger("rstar2.sandbox")
 
 
-def _publish(r, out: queue.Queue, stop: threading.Event) -> None:
-    """Push finished results (``(reply_key, message)`` from ``out``) to Redis, retrying through outages;
-    runs until ``stop`` is set and ``out`` is empty."""
+def _publish(r, out: queue.Queue, stop: threading.Event, wid: str) -> None:
+    """Push finished results (``(reply_key, message, job id)`` from ``out``) to Redis and take each job off worker
+    ``wid``'s in-flight hash, retrying through outages; runs until ``stop`` is set and ``out`` is empty."""
     from redis.exceptions import RedisError
 
     pause = BACKOFF_S[0]
     while not (stop.is_set() and out.empty()):
         try:
-            key, msg = out.get(timeout=0.5)
+            key, msg, jid = out.get(timeout=0.5)
         except queue.Empty:
             continue
         while True:
             try:
                 with r.pipeline(transaction=False) as p:
-                    p.rpush(key, msg).expire(key, RESULT_TTL_S).execute()
+                    p.rpush(key, msg).expire(key, RESULT_TTL_S).hdel(recovery.INFLIGHT_PREFIX + wid, jid).execute()
                 pause = BACKOFF_S[0]
                 break
             except RedisError as e:
@@ -52,7 +55,8 @@ def run_worker(redis_url: str, pool: Pool, stop: threading.Event | None = None, 
     limits a job asks for (default: ``pool.limits``, i.e. the worker's ``--timeout-s`` / ``--memory-mb``).
     A job whose API has given up (past its ``expires``, by Redis's clock) is dropped unrun. Redis errors
     never end the loop: it logs, backs off (0.5 s doubling to 10 s) and reconnects, keeping ``pool``.
-    Results still being published when ``stop`` is set are flushed by a background thread.
+    Results still being published when ``stop`` is set are flushed by a background thread. A heartbeat and the
+    in-flight registry let an API requeue this worker's calls if it dies (``recovery``).
     """
     import redis
     from redis.exceptions import RedisError
@@ -63,10 +67,12 @@ def run_worker(redis_url: str, pool: Pool, stop: threading.Event | None = None, 
     slots = threading.Semaphore(cap)
     stop = stop or threading.Event()
     out: queue.Queue = queue.Queue()
-    threading.Thread(target=_publish, args=(r, out, stop), daemon=True, name="sandbox-publish").start()
+    wid = uuid.uuid4().hex
+    threading.Thread(target=_publish, args=(r, out, stop, wid), daemon=True, name="sandbox-publish").start()
+    threading.Thread(target=recovery.heartbeat, args=(r, wid, stop), daemon=True, name="sandbox-heartbeat").start()
 
     def answer(job, res: ExecResult):
-        out.put((job["reply"], json.dumps({"id": job["id"], "result": judge_result(job["id"], res)})))
+        out.put((job["reply"], json.dumps({"id": job["id"], "result": judge_result(job["id"], res)}), job["id"]))
         slots.release()
 
     def done(job, fut):
@@ -107,6 +113,7 @@ def run_worker(redis_url: str, pool: Pool, stop: threading.Event | None = None, 
             slots.release()
             log.info("sandbox worker: dropped job %s, its API stopped waiting", job.get("id"))
             continue
+        recovery.track(r, wid, job["id"], got[1])
         try:
             lim = cap_limits(job.get("limits") or {}, maxima)
         except ValueError as e:  # a producer other than our API sent limits SandboxLimits refuses
