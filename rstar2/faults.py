@@ -20,7 +20,8 @@ hangs, a loss that really is NaN before backward). Keys:
   by a request that makes its worker sleep forever (the per-item time bound must end it).
 - ``grading_stall``: ``"once"`` | ``"always"``: the grading pool's workers never report ready, in its first
   generation of workers only or in every one (the pool must notice, restart, or stop the stage).
-- ``nan_loss_steps``: ``[s, ...]``: the loss of RL optimizer step s (1-based) gets NaN added before backward.
+- ``nan_loss_steps``: ``[s, ...]``: the loss of RL optimizer step s (1-based) is multiplied by NaN before
+  backward, so the loss and every gradient are NaN.
 """
 
 from __future__ import annotations

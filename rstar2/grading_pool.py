@@ -16,8 +16,9 @@ multiprocessing program), otherwise every worker re-runs the script. Re-importin
 item's deadline starts only then; a worker that is not ready within ``START_TIMEOUT_S`` fails its item with
 status ``error`` and a message saying so.
 
-A pool that stops answering altogether (every worker busy past ``stall_s`` with no item answered and no worker
-becoming ready: a start-up that hangs, a worker the per-item kill cannot end) is restarted once: its workers
+A pool that stops answering altogether (every busy worker past its bound: ``stall_s`` waiting for a worker to be
+ready, or ``stall_s`` beyond an item's own deadline, which the item's kill should have met; a start-up that hangs,
+a worker the kill cannot end or replace) is restarted once: its workers
 are killed, fresh ones answer the items still open. If the fresh pool does not answer either, ``map`` raises
 ``GradingPoolStalled``, a ``StageFault``: a stage stops rather than score every answer 0 (RL stages set
 ``stall_s`` from ``rl.faults.grading_stall_s``). ``stats()`` counts timeouts and restarts.
@@ -172,14 +173,14 @@ class GradingPool:
             out = self._map_once(kind, items, timeout_s, first)
             open_ = [i for i, o in enumerate(out) if o is None]
             if open_:
-                print(f"[grading] no answer from any of {self.n} grading workers for {self.stall_s:.0f}s; restarting "
-                      f"the pool ({len(open_)} of {len(items)} items open)", file=sys.stderr, flush=True)
+                print(f"[grading] every busy grading worker of {self.n} is {self.stall_s:.0f}s past its bound; "
+                      f"restarting the pool ({len(open_)} of {len(items)} items open)", file=sys.stderr, flush=True)
                 self.restart()
                 again = self._map_once(kind, [items[i] for i in open_], timeout_s, None)
                 if any(o is None for o in again):
                     raise GradingPoolStalled(
-                        f"grading pool stopped answering: none of its {self.n} workers answered for "
-                        f"{self.stall_s:.0f}s, again after a restart (bound: rl.faults.grading_stall_s)")
+                        f"grading pool stopped answering: every busy one of its {self.n} workers was "
+                        f"{self.stall_s:.0f}s past its bound, again after a restart (rl.faults.grading_stall_s)")
                 for i, o in zip(open_, again):
                     out[i] = o
         return out
@@ -190,12 +191,15 @@ class GradingPool:
         out: list = [None] * len(items)
         nxt = iter(range(len(items)))
         take = threading.Lock()
-        state = {"progress": time.monotonic(), "abandoned": False}
+        # per worker slot: None (idle) or the moment past which it counts as stuck: stall_s after it started
+        # waiting for a worker to be ready, stall_s past an item's own deadline (which the item's kill should meet)
+        stuck_at: list = [None] * self.n
+        state = {"abandoned": False}
         hang = set(faults.injected("grading_hang_items") or []) if first is not None else set()
 
-        def advance() -> bool:
+        def mark(slot: int, bound: float | None) -> bool:
             with take:
-                state["progress"] = time.monotonic()
+                stuck_at[slot] = None if bound is None else time.monotonic() + bound
                 return not state["abandoned"]
 
         def drive(slot: int):
@@ -207,18 +211,19 @@ class GradingPool:
                 w = self.workers[slot]
                 t0 = time.monotonic()
                 try:
+                    mark(slot, self.stall_s)
                     if not w.wait_ready(START_TIMEOUT_S):
                         raise OSError(f"did not start within {START_TIMEOUT_S:.0f}s (a script calling the grading "
                                       "pool must do so under `if __name__ == '__main__':`)")
-                    if not advance():
-                        return
                     if kind not in ("grade", "score"):
                         w.load(kind, START_TIMEOUT_S)
+                    if not mark(slot, timeout_s + self.stall_s):
+                        return
                     t0 = time.monotonic()
                     w.conn.send(("hang", None) if first is not None and first + i + 1 in hang else (kind, items[i]))
                     if w.conn.poll(timeout_s):
                         status, value = w.conn.recv()
-                        if advance():
+                        if mark(slot, None):
                             out[i] = (status, value, time.monotonic() - t0)
                         continue
                     res = ("timeout", f"no answer within {timeout_s}s", time.monotonic() - t0)
@@ -231,7 +236,7 @@ class GradingPool:
                 self.killed += 1
                 self.timeouts += res[0] == "timeout"
                 self.workers[slot] = self._new_worker()
-                if advance():
+                if mark(slot, None):
                     out[i] = res
 
         threads = [threading.Thread(target=drive, args=(s,), daemon=True) for s in range(self.n)]
@@ -239,8 +244,9 @@ class GradingPool:
             t.start()
         while alive := [t for t in threads if t.is_alive()]:
             alive[0].join(timeout=0.2)
-            with take:
-                if time.monotonic() - state["progress"] > self.stall_s:
+            with take:  # stalled: every busy worker is past its bound
+                busy = [b for b in stuck_at if b is not None]
+                if busy and all(b < time.monotonic() for b in busy):
                     state["abandoned"] = True
                     break
         return out

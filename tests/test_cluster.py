@@ -117,7 +117,7 @@ def test_rl_trainer_arguments_from_the_paper_rule(slurm_jobs, tmp_path):
     assert params["trainer"]["device"] == "cuda" and params["rollout"]["engine"] == "vllm"
     # how often to checkpoint is not a param (changing it reruns nothing): the job gets it from the environment
     # (RSTAR2_CHECKPOINT_EVERY, set by common.smk; `rstar2 rl` adds it), 5 in the paper config
-    assert "checkpoint_every" not in params
+    assert "checkpoint_every" not in params and "faults" not in params   # rl.faults travels the same way
     params = {**params, "trainer": {**params["trainer"], "device": "cpu", "bf16": False},
               "rollout": {**params["rollout"], "engine": "hf"}, "checkpoint_every": 5}
     args = grpo_config(params, str(tmp_path), seed=0, num_processes=64)

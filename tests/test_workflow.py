@@ -315,9 +315,11 @@ def test_deleted_stage2_reruns_stage2_and_dependents_only(workdir):
                             "answer: answer, id: id}, answer_type: integer}\n")
     assert planned_jobs(workdir, str(extra)) == {"report": 1, "all": 1}   # the report: another config file
 
-    # Neither how often RL checkpoints nor the settings of a disabled label verification change a result.
+    # Neither how often RL checkpoints, nor when it stops for faults, nor the settings of a disabled label
+    # verification change a result.
     quiet = workdir / "configs/tiny_no_result_change.yaml"
-    quiet.write_text("rl: {checkpoint_every: 3}\nlabel_verification: {enabled: false, samples: 4, temperature: 0.9}\n")
+    quiet.write_text("rl: {checkpoint_every: 3, faults: {max_infra_share: 0.5, max_nonfinite_steps: 5}}\n"
+                     "label_verification: {enabled: false, samples: 4, temperature: 0.9}\n")
     assert planned_jobs(workdir, TINY, str(quiet)) == {"report": 1, "all": 1}
 
 

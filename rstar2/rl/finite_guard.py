@@ -94,11 +94,12 @@ class FiniteGuard:
 
 
 def inject_nan(loss, step: int):
-    """Test-only fault injection (``rstar2.faults``: ``nan_loss_steps``): ``loss + NaN`` on the listed RL steps, so
-    the backward pass carries it into every gradient as a real NaN would; otherwise ``loss`` itself."""
+    """Test-only fault injection (``rstar2.faults``: ``nan_loss_steps``): ``loss * NaN`` on the listed RL steps, so
+    the backward pass carries it into every gradient as a real NaN would (``+ NaN`` would leave the gradients
+    finite); otherwise ``loss`` itself."""
     steps = injected("nan_loss_steps")
     if steps and step in steps:
-        return loss + float("nan")
+        return loss * float("nan")
     return loss
 
 
