@@ -225,6 +225,9 @@ class GradingPool:
                         status, value = w.conn.recv()
                         if mark(slot, None):
                             out[i] = (status, value, time.monotonic() - t0)
+                            if status != "ok":
+                                print(f"[grading] item {i} of {len(items)}: {status} ({value})", file=sys.stderr,
+                                      flush=True)
                         continue
                     res = ("timeout", f"no answer within {timeout_s}s", time.monotonic() - t0)
                 except (EOFError, OSError, BrokenPipeError) as e:
@@ -238,6 +241,8 @@ class GradingPool:
                 self.workers[slot] = self._new_worker()
                 if mark(slot, None):
                     out[i] = res
+                    print(f"[grading] item {i} of {len(items)}: {res[0]} ({res[1]}); worker replaced", file=sys.stderr,
+                          flush=True)
 
         threads = [threading.Thread(target=drive, args=(s,), daemon=True) for s in range(self.n)]
         for t in threads:
