@@ -118,8 +118,11 @@ def test_rl_trainer_arguments_from_the_paper_rule(slurm_jobs, tmp_path):
     # how often to checkpoint is not a param (changing it reruns nothing): the job gets it from the environment
     # (RSTAR2_CHECKPOINT_EVERY, set by common.smk; `rstar2 rl` adds it), 5 in the paper config
     assert "checkpoint_every" not in params and "faults" not in params   # rl.faults travels the same way
+    from conftest import workflow_config
+
+    faults = workflow_config(files=("configs/paper-qwen3-14b.yaml",))["rl"]["faults"]   # as RSTAR2_RL_FAULTS has it
     params = {**params, "trainer": {**params["trainer"], "device": "cpu", "bf16": False},
-              "rollout": {**params["rollout"], "engine": "hf"}, "checkpoint_every": 5}
+              "rollout": {**params["rollout"], "engine": "hf"}, "checkpoint_every": 5, "faults": faults}
     args = grpo_config(params, str(tmp_path), seed=0, num_processes=64)
     assert args.save_steps == 5
     assert getattr(args.lr_scheduler_type, "value", None) == "constant_with_warmup" and args.warmup_steps == 20
