@@ -47,7 +47,7 @@ def _alive(r) -> int:
 
 
 def _in_flight(r) -> int:
-    return sum(r.hlen(k) for k in r.keys(INFLIGHT_PREFIX + "*"))
+    return sum(r.llen(k) for k in r.keys(INFLIGHT_PREFIX + "*"))
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_redis_restarted_mid_batch_loses_no_call(svc):
     n = 80
     with make_client(url=svc["base"], retries=0, batch_size=16, batch_timeout_s=0.02) as client:
         futs = [client.submit(SLEEP.format(s=1.5, i=100 + i)) for i in range(n)]
-        _until(lambda: _in_flight(r) == 64 and r.zcard("rstar2:sandbox:queue") == n - 64)
+        _until(lambda: _in_flight(r) == 64 and r.llen("rstar2:sandbox:queue") == n - 64)
         _stop(svc["redis"])
         time.sleep(0.5)
         svc["redis"] = _redis(svc["port"])
@@ -142,7 +142,7 @@ def test_a_full_queue_is_refused_for_capacity_and_retried(svc):
     try:
         waiting = threading.Thread(target=_post, args=(base, _batch(["print(1)", "print(2)"])))
         waiting.start()
-        _until(lambda: redis.Redis(port=svc["port"], db=3).zcard("rstar2:sandbox:queue") == 2, 10)
+        _until(lambda: redis.Redis(port=svc["port"], db=3).llen("rstar2:sandbox:queue") == 2, 10)
         with pytest.raises(urllib.error.HTTPError) as e:
             _post(base, _batch(["print(3)"]), timeout=10)
         assert e.value.code == 503 and e.value.headers["Retry-After"] == "1" and "queue full" in e.value.read().decode()

@@ -1,18 +1,16 @@
 """How the sandbox service recovers calls lost to a fault, so that every call is answered once and none is lost.
 
 - A worker that dies mid-call (killed, OOM, its node gone): each worker refreshes a heartbeat key
-  (``ALIVE_PREFIX<worker id>``, ``ALIVE_TTL_MS``) every ``HEARTBEAT_S`` and registers every job it pops in its
-  in-flight hash (``INFLIGHT_PREFIX<worker id>``: job id -> the job as queued) until its result is published. The
-  API's reaper (``reaper``, every ``REAP_EVERY_S``) takes over the in-flight hash of a worker whose heartbeat has
+  (``ALIVE_PREFIX<worker id>``, ``ALIVE_TTL_MS``) every ``HEARTBEAT_S`` and pops each job atomically into its
+  in-flight list (``INFLIGHT_PREFIX<worker id>``: the jobs as queued; ``BLMOVE``, Redis's reliable-queue pattern),
+  where it stays until its result is published. The
+  API's reaper (``reaper``, every ``REAP_EVERY_S``) takes over the in-flight list of a worker whose heartbeat has
   expired (``RENAME``, so one API wins) and puts its jobs back at the head of the queue, at most ``MAX_REQUEUES``
   times each (then the caller gets ``internal_error``, which the client retries); another worker runs them.
 - Redis restarted without its data: the queue, the in-flight hashes and the replies in it are gone. The API notices
   the new ``run_id`` (``run_id``) and queues the jobs it still waits for again.
 - Answered once: the API resolves a job id's waiter with the first result that arrives and drops any later one (a
   job run twice, by a worker thought dead and by the one that took it over, is still answered once).
-
-Left uncovered: a worker killed between popping a job and registering it (one Redis round trip); that call gets
-``internal_error`` when the API's wait for it runs out (its timeout plus ``--grace-s``), and the client retries it.
 """
 
 from __future__ import annotations
@@ -46,16 +44,6 @@ def heartbeat(r, wid: str, stop: threading.Event) -> None:
         stop.wait(HEARTBEAT_S)
 
 
-def track(r, wid: str, jid: str, raw: str) -> None:
-    """Worker side: register popped job ``jid`` (its queued JSON ``raw``) as in flight on worker ``wid``."""
-    from redis.exceptions import RedisError
-
-    try:
-        r.hset(INFLIGHT_PREFIX + wid, jid, raw)
-    except RedisError:
-        pass  # Redis went away after the pop: its restart loses the job anyway (the API requeues it)
-
-
 def requeued(raw: str) -> str | None:
     """The job ``raw`` to queue again (its ``requeued`` count raised), or None once ``MAX_REQUEUES`` is reached."""
     job = json.loads(raw)
@@ -64,7 +52,7 @@ def requeued(raw: str) -> str | None:
 
 
 async def reap(r) -> int:
-    """API side: one pass over the in-flight hashes; the jobs of workers without a heartbeat go back to the head of
+    """API side: one pass over the in-flight lists; the jobs of workers without a heartbeat go back to the head of
     the queue (or are answered ``internal_error`` after ``MAX_REQUEUES``). Returns how many jobs it recovered."""
     from redis.exceptions import ResponseError
 
@@ -79,12 +67,12 @@ async def reap(r) -> int:
             await r.rename(key, claimed)   # another API may have taken it first
         except ResponseError:
             continue
-        jobs = await r.hgetall(claimed)
+        jobs = await r.lrange(claimed, 0, -1)
         await r.delete(claimed)
-        for jid, raw in jobs.items():
+        for raw in jobs:
             again = requeued(raw)
             if again is not None:
-                await r.zadd(QUEUE_KEY, {again: 0})
+                await r.lpush(QUEUE_KEY, again)   # the head: it has waited longest
             else:
                 job = json.loads(raw)
                 msg = json.dumps({"id": job["id"], "result": failure_result(

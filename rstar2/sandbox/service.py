@@ -17,7 +17,7 @@ deployments interoperate:
 - Waiting: the API answers within the largest ``timeout_s`` of the batch plus ``--grace-s`` (default 60 s) for
   queueing; calls still unanswered then get ``internal_error``, and those still queued are removed from the
   queue, so nothing runs for a caller that has gone.
-- Queue: a Redis sorted set scored by submit time (oldest first, ``ZADD`` / ``BZPOPMIN``). Results do not get
+- Queue: a Redis list, oldest first (``RPUSH`` by the API, ``BLMOVE`` into a worker's in-flight list). Results do not get
   one Redis list per call: each API process has one reply list (``RPUSH`` + ``EXPIRE`` by workers), read by one
   ``BLPOP`` loop that hands each result to the request waiting for it. So the Redis connections an API
   holds are bounded (``--max-connections``) whatever the batch sizes and the number of requests in flight.
@@ -41,7 +41,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import time
 import uuid
 
 from . import recovery
@@ -167,7 +166,7 @@ def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: flo
             now = await recovery.run_id(r)
             if now != ids["rid"]:
                 again = [q for q, f in zip(queued, futs) if not f.done()]
-                await r.zadd(QUEUE_KEY, {q: time.time() for q in again})
+                await r.rpush(QUEUE_KEY, *again)
                 log.warning("sandbox API: Redis restarted and lost its queue; %d calls queued again", len(again))
             ids["rid"], ids["seen"] = now, replies.outages
         except RedisError:
@@ -205,7 +204,7 @@ def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: flo
         replies.ensure_listening()
         if max_queued:
             try:
-                waiting = await r.zcard(QUEUE_KEY)
+                waiting = await r.llen(QUEUE_KEY)
             except RedisError:
                 waiting = 0  # queueing below answers the failure
             if waiting and waiting + len(payloads) > max_queued:
@@ -219,7 +218,7 @@ def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: flo
                 expires = now_s + now_us / 1e6 + wait_s  # Redis's clock, so workers on other nodes agree
                 queued = [json.dumps({**p, "expires": expires}) for p in payloads]
                 ids = {"rid": await recovery.run_id(r), "seen": replies.outages}
-                await r.zadd(QUEUE_KEY, {q: time.time() for q in queued})
+                await r.rpush(QUEUE_KEY, *queued)
             except RedisError as e:
                 return {"sub_id": body.get("sub_id") or uuid.uuid4().hex,
                         "results": [failure_result(s, f"sandbox queue unavailable: {e!r}") for s in sub_ids]}
@@ -233,7 +232,10 @@ def create_app(redis_url: str, limits: SandboxLimits | None = None, grace_s: flo
             late = [q for q, f in zip(queued, futs) if not f.done()]
             if late:  # those a worker has not popped yet must not run for nobody
                 try:
-                    await r.zrem(QUEUE_KEY, *late)
+                    async with r.pipeline(transaction=False) as p:
+                        for q in late:
+                            p.lrem(QUEUE_KEY, 1, q)
+                        await p.execute()
                 except RedisError as e:
                     log.warning("sandbox API: could not remove %d abandoned jobs (%r); they expire", len(late), e)
 

@@ -20,20 +20,20 @@ log = logging.getLogger("rstar2.sandbox")
 
 
 def _publish(r, out: queue.Queue, stop: threading.Event, wid: str) -> None:
-    """Push finished results (``(reply_key, message, job id)`` from ``out``) to Redis and take each job off worker
-    ``wid``'s in-flight hash, retrying through outages; runs until ``stop`` is set and ``out`` is empty."""
+    """Push finished results (``(reply_key, message, the job as queued)`` from ``out``) to Redis and take each job
+    off worker ``wid``'s in-flight list, retrying through outages; runs until ``stop`` is set and ``out`` is empty."""
     from redis.exceptions import RedisError
 
     pause = BACKOFF_S[0]
     while not (stop.is_set() and out.empty()):
         try:
-            key, msg, jid = out.get(timeout=0.5)
+            key, msg, raw = out.get(timeout=0.5)
         except queue.Empty:
             continue
         while True:
             try:
                 with r.pipeline(transaction=False) as p:
-                    p.rpush(key, msg).expire(key, RESULT_TTL_S).hdel(recovery.INFLIGHT_PREFIX + wid, jid).execute()
+                    p.rpush(key, msg).expire(key, RESULT_TTL_S).lrem(recovery.INFLIGHT_PREFIX + wid, 1, raw).execute()
                 pause = BACKOFF_S[0]
                 break
             except RedisError as e:
@@ -71,23 +71,32 @@ def run_worker(redis_url: str, pool: Pool, stop: threading.Event | None = None, 
     threading.Thread(target=_publish, args=(r, out, stop, wid), daemon=True, name="sandbox-publish").start()
     threading.Thread(target=recovery.heartbeat, args=(r, wid, stop), daemon=True, name="sandbox-heartbeat").start()
 
-    def answer(job, res: ExecResult):
-        out.put((job["reply"], json.dumps({"id": job["id"], "result": judge_result(job["id"], res)}), job["id"]))
+    def answer(job, raw: str, res: ExecResult):
+        out.put((job["reply"], json.dumps({"id": job["id"], "result": judge_result(job["id"], res)}), raw))
         slots.release()
 
-    def done(job, fut):
+    def drop(raw: str) -> None:
+        try:
+            r.lrem(recovery.INFLIGHT_PREFIX + wid, 1, raw)
+        except RedisError:
+            pass  # a reaper may requeue it once; the API answers each call once anyway
+        slots.release()
+
+    def done(job, raw, fut):
         try:
             res = fut.result()
         except Exception as e:  # the pool never fails a call, but never lose the answer either
             res = ExecResult("error", None, "", f"sandbox worker failed: {e!r}", 0.0)
-        answer(job, res)
+        answer(job, raw, res)
 
     pause = BACKOFF_S[0]
     while not stop.is_set():
         if not slots.acquire(timeout=0.5):
             continue
         try:
-            got = r.bzpopmin(QUEUE_KEY, timeout=BLOCK_S)
+            # Atomic pop into this worker's in-flight list (Redis's reliable-queue pattern): a worker killed at any
+            # moment after the pop leaves the job where the API's reaper finds it.
+            got = r.blmove(QUEUE_KEY, recovery.INFLIGHT_PREFIX + wid, BLOCK_S, "LEFT", "RIGHT")
             if got is not None:
                 now_s, now_us = r.time()
             pause = BACKOFF_S[0]
@@ -102,28 +111,28 @@ def run_worker(redis_url: str, pool: Pool, stop: threading.Event | None = None, 
         if got is None:
             slots.release()
             continue
+        raw = got.decode() if isinstance(got, bytes) else got
         try:
-            job = json.loads(got[1])
+            job = json.loads(raw)
             code, _, _ = job["code"], job["reply"], job["id"]  # without a reply list and id it cannot be answered
         except (ValueError, KeyError, TypeError) as e:
-            slots.release()
-            log.error("sandbox worker: dropped a malformed job (%r): %.200s", e, got[1])
+            drop(raw)
+            log.error("sandbox worker: dropped a malformed job (%r): %.200s", e, raw)
             continue
         if job.get("expires") is not None and now_s + now_us / 1e6 > job["expires"]:
-            slots.release()
+            drop(raw)
             log.info("sandbox worker: dropped job %s, its API stopped waiting", job.get("id"))
             continue
-        recovery.track(r, wid, job["id"], got[1])
         try:
             lim = cap_limits(job.get("limits") or {}, maxima)
         except ValueError as e:  # a producer other than our API sent limits SandboxLimits refuses
-            answer(job, ExecResult("error", None, "", f"sandbox worker refused the job's limits: {e}", 0.0))
+            answer(job, raw, ExecResult("error", None, "", f"sandbox worker refused the job's limits: {e}", 0.0))
             continue
         try:
             fut = pool.submit(code, job.get("stdin") or "", lim)
         except RuntimeError as e:  # no zygote could be started (or the pool is closing): answer, keep going
             log.error("sandbox worker: pool refused a call (%s)", e)
-            answer(job, ExecResult("error", None, "", f"sandbox worker failed: {e}", 0.0))
+            answer(job, raw, ExecResult("error", None, "", f"sandbox worker failed: {e}", 0.0))
             stop.wait(pause)
             continue
-        fut.add_done_callback(lambda f, job=job: done(job, f))
+        fut.add_done_callback(lambda f, job=job, raw=raw: done(job, raw, f))
