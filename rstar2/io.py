@@ -95,6 +95,31 @@ def append_jsonl(path: str | os.PathLike, row: dict) -> None:
         f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
 
 
+def keep_resumable(path: Path, link: Path, fresh: bool, cut=None) -> None:
+    """Give a growing log ``path`` (a rule's declared output) a second name ``link`` outside the rule's outputs.
+
+    Snakemake deletes a rule's declared outputs before rerunning it; a killed job's log that a resumed run continues
+    must survive that. The hard link does, at no cost (one file, appended in place). ``fresh``: start empty (both names
+    removed). Otherwise the log is taken back from ``link`` if ``path`` is gone, and ``cut(path)``, if given, may
+    rewrite it (e.g. to a checkpoint's steps). ``path`` exists afterwards (empty if new). Where hard links are
+    impossible (another file system) the log lives under ``path`` only.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        path.unlink(missing_ok=True)
+    elif not path.exists() and link.exists():
+        os.link(link, path)
+    if path.exists() and not fresh and cut is not None:
+        cut(path)   # may write a new file: linked again below
+    path.touch()
+    link.unlink(missing_ok=True)
+    try:
+        os.link(path, link)
+    except OSError:
+        pass
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()

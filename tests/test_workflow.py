@@ -39,8 +39,8 @@ def planned_jobs(workdir: Path, *args: str) -> dict[str, int]:
         return {}
     table = out[out.index("Job stats:"):out.index("total")]
     jobs = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
-    runs = re.findall(r"^rule rl:\n(?:    .*\n)*?    wildcards: run=(\S+)$", out, re.M)
-    assert len(runs) == jobs.pop("rl", 0), out
+    runs = re.findall(r"^rule rl(?:_keeping_optimizer)?:\n(?:    .*\n)*?    wildcards: run=(\S+)$", out, re.M)
+    assert len(runs) == jobs.pop("rl", 0) + jobs.pop("rl_keeping_optimizer", 0), out
     for run in runs:
         name = "rl_" + run.split("/")[1] if run.startswith("rl/") else "rl_ablation"
         jobs[name] = jobs.get(name, 0) + 1
@@ -219,7 +219,8 @@ def test_killed_mid_stage_then_completes(workdir):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     stage1 = workdir / "results/rl/stage1"
     # mid-stage: rollouts written, model not yet saved
-    kill_group_when(proc, lambda: (stage1 / "rollouts.jsonl").exists(), 400,
+    kill_group_when(proc, lambda: (stage1 / "rollouts.jsonl").exists() and (stage1 / "rollouts.jsonl").stat().st_size,
+                    400,
                     "the run ended before rl_stage1 started", "rl_stage1 did not start in time")
     assert (workdir / "results/sft/manifest.json").exists()
     assert not (stage1 / "manifest.json").exists()
@@ -403,3 +404,33 @@ def test_an_rl_source_whose_answer_marker_matches_no_row_fails_before_any_job_ru
                   "answer: answer}, answer_after: '####'}]}\n")
     assert "config: rl_data.sources[0] (mine): none of its 2000 rows has a gold answer in " \
         "field 'answer' (answer_after '####' occurs in none of them)" in out, out[-1500:]
+
+
+@pytest.mark.slow
+def test_every_file_a_later_stage_reads_is_a_declared_output(workdir):
+    """Deleting a cross-stage artifact (optimizer state, per-step logs, evaluation results, the funnel) plans exactly
+    the jobs that deleting its stage's manifest plans: the job that writes it and everything downstream."""
+    if not (workdir / "results/report/manifest.json").exists():
+        pytest.skip("needs the completed run of test_killed_mid_stage_then_completes")
+    bench = sorted(json.loads((workdir / "results/eval/sft/summary.json").read_text())["benchmarks"])[0]
+    artifacts = {"rl/stage1/optimizer": "rl/stage1", "rl/stage1/metrics.jsonl": "rl/stage1",
+                 "rl/stage2/rollouts.jsonl": "rl/stage2", "rl/stage3/heldout.jsonl": "rl/stage3",
+                 "eval/rl_stage3/summary.json": "eval/rl_stage3", f"eval/sft/{bench}/per_problem.jsonl": "eval/sft",
+                 "rl_data/funnel.json": "rl_data"}
+
+    def planned_without(rel: str) -> dict[str, int]:
+        path = workdir / "results" / rel
+        aside = workdir / "aside"
+        path.rename(aside)   # a rename keeps the mtime, so putting it back makes the run up to date again
+        try:
+            return planned_jobs(workdir, TINY)
+        finally:
+            aside.rename(path)
+
+    for artifact, stage in artifacts.items():
+        assert (workdir / "results" / artifact).exists(), artifact
+        planned = planned_without(artifact)
+        assert planned and planned == planned_without(f"{stage}/manifest.json"), (artifact, planned)
+    assert planned_without("rl/stage1/optimizer") == {"rl_stage1": 1, "rl_stage2": 1, "hard_problems": 1,
+                                                      "rl_stage3": 1, "evaluate": 3, "report": 1, "all": 1}
+    assert planned_jobs(workdir, TINY) == {}

@@ -18,7 +18,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ..io import atomic_write_text, digest, file_sha256, write_json
+from ..io import atomic_write_text, digest, file_sha256, keep_resumable, write_json
 
 STATE_FILE = "rstar2_state.json"   # written last into each checkpoint: marks it complete (see stages/rl.py)
 
@@ -93,6 +93,20 @@ def truncate_log(path: Path, last_step: int) -> None:
         if row.get("step", 0) <= last_step:
             rows.append(line + "\n")
     atomic_write_text(path, "".join(rows))
+
+
+#: The per-step logs of an RL stage, declared outputs of its rule (the report and the tests read them).
+STAGE_LOGS = ("metrics.jsonl", "rollouts.jsonl", "heldout.jsonl", "heldout_problems.jsonl")
+
+
+def keep_logs(out: Path, root: Path, resume_step: int | None) -> None:
+    """Open a stage's per-step logs (``STAGE_LOGS`` in ``out``, declared outputs) so that a resumed run finds them
+    again although Snakemake deleted them: each keeps a second name in ``root/logs/`` (``io.keep_resumable``).
+    ``resume_step`` None: a fresh start, every log emptied; otherwise cut to the checkpoint's steps
+    (``truncate_log``). Every log exists afterwards (empty if nothing is logged, e.g. no held-out benchmark)."""
+    for name in STAGE_LOGS:
+        keep_resumable(out / name, root / "logs" / name, resume_step is None,
+                       None if resume_step is None else (lambda path: truncate_log(path, resume_step)))
 
 
 def read_state(checkpoint_dir: str | os.PathLike) -> dict:

@@ -13,24 +13,34 @@ problem already graded and recomputes nothing; results made with other params ar
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import time
 from pathlib import Path
 
 from .. import seeds
-from ..io import append_jsonl, digest, read_jsonl, write_json, write_manifest
+from ..io import append_jsonl, digest, keep_resumable, read_jsonl, write_json, write_manifest
 from ..metrics import summarise
 from ..params import to_dict
 from .params import EvaluateParams, parse
 
 
-def _drop_stale_results(out: Path, params: dict) -> None:
-    """Per-problem results are reused on resume only if they were made with the same params."""
-    stamp = out / "params_digest.txt"
-    if not stamp.exists() or stamp.read_text().strip() != digest(params):
-        for f in out.glob("*/per_problem.jsonl"):
-            f.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+def _resume_dir(out: Path) -> Path:
+    """``results/eval/<model>`` -> ``results/eval/checkpoints/<model>``: outside the rule's declared outputs."""
+    return out.parent / "checkpoints" / out.name
+
+
+def _open_results(out: Path, params: dict, benches) -> None:
+    """Per-problem results are reused on resume only if they were made with the same params. They are declared
+    outputs, which Snakemake deletes before rerunning a killed job, so each keeps a second name in
+    ``_resume_dir`` (``io.keep_resumable``), removed after the manifest."""
+    links = _resume_dir(out)
+    links.mkdir(parents=True, exist_ok=True)
+    stamp = links / "params_digest.txt"
+    fresh = not stamp.exists() or stamp.read_text().strip() != digest(params)
+    for bench in benches:
+        keep_resumable(out / bench / "per_problem.jsonl", links / bench / "per_problem.jsonl", fresh)
     stamp.write_text(digest(params) + "\n")
 
 
@@ -162,7 +172,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     ev = parse(EvaluateParams, params, "evaluate params")
     out = Path(out_dir)
     problems = _load_problems(ev)           # data errors first, before the model is loaded
-    _drop_stale_results(out, to_dict(ev))
+    _open_results(out, to_dict(ev), problems)
     model, tok = models.load(model_dir)
     base = ev.rollout
     plans = {"answer": (base, ev.k),     # checked kinds: greedy, one sample, one turn
@@ -172,8 +182,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
         for bench, (kind, probs) in problems.items():
             if (kind in grading.CHECKERS) != (plan == "checked"):
                 continue
-            path = out / bench / "per_problem.jsonl"
-            done = {r["id"] for r in read_jsonl(path)} if path.exists() else set()
+            done = {r["id"] for r in read_jsonl(out / bench / "per_problem.jsonl")}
             todo += [(bench, kind, p) for p in probs if str(p["id"]) not in done]
         chunk = max(1, rcfg.batch_size // k)
         progress = Progress(f"eval {model_name}" + (" (IFEval/BFCL)" if plan == "checked" else ""), unit="problems")
@@ -221,3 +230,6 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     write_manifest(out, stage=f"evaluate_{model_name}", params=to_dict(ev), inputs=[model_dir],
                    counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0,
                    extra={"precision": precision.summary(to_dict(ev))})
+    shutil.rmtree(_resume_dir(out), ignore_errors=True)
+    with contextlib.suppress(OSError):  # results/eval/checkpoints itself, once no evaluation has any left
+        _resume_dir(out).parent.rmdir()

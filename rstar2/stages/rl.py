@@ -106,8 +106,8 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
             (``rstar2.rl.heldout``: ``heldout.jsonl``).
         model_dir: folder of the starting model (previous stage's ``model/``).
         data_path: JSON Lines with ``id``, ``problem``, ``answer`` (rl_data's train.jsonl or hard_problems' hard.jsonl).
-        out_dir: ``results/rl/stageN``; writes ``model/``, ``metrics.jsonl``, ``rollouts.jsonl``,
-            ``tensorboard/``, ``optimizer/`` (with save_optimizer), then ``manifest.json``. Checkpoints go to
+        out_dir: ``results/rl/stageN``; writes ``model/``, ``metrics.jsonl``, ``rollouts.jsonl``, ``heldout.jsonl``
+            and ``heldout_problems.jsonl`` (empty without a held-out benchmark), ``tensorboard/``, ``optimizer/`` (with save_optimizer), then ``manifest.json``. Checkpoints go to
             ``results/rl/checkpoints/stageN`` (``rstar2.rl.checkpoints``): a killed stage resumes from the last
             one, with optimizer, LR schedule, RNG, data position, step counter and logs as they were at that step.
             ``params.faults`` (rl.faults): a stage stops with a ``StageFault`` when the sandbox fails too many of a
@@ -158,12 +158,8 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     with ps.main_process_first():  # the main process clears a stale folder; the others then find it ready
         resume = checkpoints.prepare(ckpt_root, fp)
     resume_step = checkpoints.read_state(resume)["step"] if resume else 0
-    if ps.is_main_process:
-        for log in ("metrics.jsonl", "rollouts.jsonl", "heldout.jsonl", "heldout_problems.jsonl"):
-            if resume:  # keep exactly the steps the checkpoint contains
-                checkpoints.truncate_log(out / log, resume_step)
-            else:       # a fresh start (held-out rows of step 0 would otherwise survive from an earlier run)
-                (out / log).unlink(missing_ok=True)
+    if ps.is_main_process:  # exactly the steps the checkpoint contains, or none on a fresh start
+        checkpoints.keep_logs(out, ckpt_root, resume_step if resume else None)
         shutil.rmtree(out / "tensorboard", ignore_errors=True)  # rewritten from metrics.jsonl below on resume
     ps.wait_for_everyone()
 

@@ -4,6 +4,7 @@
 
 import json
 import os
+import re
 import sys
 
 from rstar2.io import file_sha256
@@ -152,18 +153,34 @@ def rl_run_input(wildcards):
     stage = what if kind == "stage" else "stage1"
     previous = {"stage1": "results/sft", "stage2": "results/rl/stage1", "stage3": "results/rl/stage2"}[stage]
     data = "results/hard_problems/hard.jsonl" if stage == "stage3" else "results/rl_data/train.jsonl"
-    return {"model": f"{previous}/model", "data": data, "heldout": heldout_files()}
+    carried = _optimizer_from(wildcards.run)
+    return {"model": f"{previous}/model", "data": data, "heldout": heldout_files(),
+            **({"optimizer": f"results/{carried}/optimizer"} if carried else {})}
 
 
-def rl_optimizer_arg(wildcards):
-    """` --optimizer-from results/rl/stageN/optimizer` for a stage that continues the previous stage's optimizer
-    (paper §4.3: stage 2 continues stage 1's, stage 3 starts fresh). The previous stage writes that folder before
-    its manifest, so the model input above already waits for it."""
-    kind, what = RL_RUNS[wildcards.run]
+def _optimizer_from(run):
+    """The previous stage whose optimizer ``run`` continues (paper §4.3: stage 2 continues stage 1's, stage 3 starts
+    fresh by default), or None."""
+    kind, what = RL_RUNS[run]
     if kind != "stage" or not stage_params.continues_optimizer(config, what):
-        return ""
-    previous = {"stage2": "stage1", "stage3": "stage2"}[what]
-    return f"--optimizer-from results/rl/{previous}/optimizer"
+        return None
+    return {"stage2": "rl/stage1", "stage3": "rl/stage2"}[what]
+
+
+# The runs whose optimizer state a later stage reads (an output of the RL rule that keeps the optimizer).
+KEEPING_OPTIMIZER = {_optimizer_from(run) for run in RL_RUNS} - {None}
+
+
+def rl_runs_pattern(keeping_optimizer):
+    """The wildcard constraint of the RL rule (``keeping_optimizer`` False) or of the one that also declares the
+    optimizer state (True), so that every run has exactly one rule."""
+    runs = [r for r in RL_RUNS if (r in KEEPING_OPTIMIZER) == keeping_optimizer]
+    return "|".join(re.escape(r) for r in runs) or "(?!)"
+
+
+def rl_optimizer_arg(wildcards, input):
+    """` --optimizer-from results/rl/stageN/optimizer` for a stage that continues the previous stage's optimizer."""
+    return f"--optimizer-from {input.optimizer}" if "optimizer" in input.keys() else ""
 
 
 def _rl_memory_plan():
@@ -199,6 +216,15 @@ def report_inputs():
 def report_manifests():
     return ([f"results/eval/{m}/manifest.json" for m in config["evaluate"]["models"]]
             + [f"results/{run}/manifest.json" for run in RL_RUNS] + ["results/rl_data/manifest.json"])
+
+
+def report_files():
+    """What the report reads besides the manifests: each RL run's per-step logs, each evaluation's summary and
+    per-problem results, the curation funnel."""
+    runs = [f"results/{run}/{log}" for run in RL_RUNS for log in ("metrics.jsonl", "rollouts.jsonl", "heldout.jsonl")]
+    evals = [f"results/eval/{m}/{f}" for m in config["evaluate"]["models"]
+             for f in ["summary.json", *(f"{b}/per_problem.jsonl" for b in config["evaluate"]["benchmarks"])]]
+    return runs + evals + ["results/rl_data/funnel.json", "results/rl_data/funnel.png"]
 
 
 def all_manifests():

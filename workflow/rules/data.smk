@@ -12,7 +12,7 @@ rule rl_candidates:
     params:
         p=to_json(stage_params.rl_data(config)),
     conda:
-        "../../envs/data.yaml"
+        "../../envs/rstar2.yaml"
     log:
         "logs/rl_candidates.log",
     benchmark:
@@ -33,7 +33,7 @@ rule verifier_model:
     params:
         p=lambda wildcards: to_json(stage_params.base_model(config, "label_verification.model")),
     conda:
-        "../../envs/train.yaml"
+        "../../envs/rstar2.yaml"
     log:
         "logs/verifier_model.log",
     benchmark:
@@ -55,6 +55,7 @@ rule rl_data:
         funnel="results/rl_candidates/funnel.json",
     output:
         data="results/rl_data/train.jsonl",
+        funnel="results/rl_data/funnel.json",
         manifest="results/rl_data/manifest.json",
         funnel_plot=report("results/rl_data/funnel.png", caption="../report/funnel.rst", category="Data"),
     params:
@@ -62,7 +63,7 @@ rule rl_data:
         model=verifier_model_arg,
         tokenizer=prompt_tokenizer_arg,
     conda:
-        "../../envs/train.yaml"
+        "../../envs/rstar2.yaml"
     log:
         "logs/rl_data.log",
     benchmark:
@@ -88,7 +89,7 @@ if "stage3" in RL_STAGES:
         params:
             p=to_json(stage_params.hard_problems(config)),
         conda:
-            "../../envs/train.yaml"
+            "../../envs/rstar2.yaml"
         log:
             "logs/hard_problems.log",
         benchmark:

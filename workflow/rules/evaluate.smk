@@ -10,11 +10,13 @@ rule evaluate:
         model=model_dir,
         benchmarks=benchmark_files(),
     output:
-        "results/eval/{model}/manifest.json",
+        summary="results/eval/{model}/summary.json",
+        per_problem=expand("results/eval/{{model}}/{bench}/per_problem.jsonl", bench=config["evaluate"]["benchmarks"]),
+        manifest="results/eval/{model}/manifest.json",
     params:
         p=to_json(stage_params.evaluate(config)),
     conda:
-        "../../envs/train.yaml"
+        "../../envs/rstar2.yaml"
     log:
         "logs/evaluate_{model}.log",
     benchmark:
@@ -30,6 +32,7 @@ rule evaluate:
 rule report:
     input:
         report_manifests(),
+        report_files(),
     output:
         "results/report/manifest.json",
         report("results/report/learning_result.png", caption="../report/learning_result.rst", category="Evaluation"),
@@ -60,7 +63,7 @@ rule report:
         p=to_json(stage_params.report(config, report_provenance())),
         inputs=report_inputs(),
     conda:
-        "../../envs/data.yaml"
+        "../../envs/rstar2.yaml"
     log:
         "logs/report.log",
     benchmark:

@@ -8,7 +8,7 @@ rule base_model:
     params:
         p=to_json(stage_params.base_model(config)),
     conda:
-        "../../envs/train.yaml"
+        "../../envs/rstar2.yaml"
     log:
         "logs/base_model.log",
     benchmark:
@@ -29,7 +29,7 @@ rule sft_data:
     params:
         p=to_json(stage_params.sft_data(config)),
     conda:
-        "../../envs/data.yaml"
+        "../../envs/rstar2.yaml"
     log:
         "logs/sft_data.log",
     benchmark:
@@ -52,7 +52,7 @@ rule sft:
     params:
         p=to_json(stage_params.sft(config)),
     conda:
-        "../../envs/train.yaml"
+        "../../envs/rstar2.yaml"
     log:
         "logs/sft.log",
     benchmark:

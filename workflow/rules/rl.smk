@@ -5,10 +5,11 @@
 # Step-level resume: each run checkpoints every rl.checkpoint_every steps into results/rl/checkpoints/<stage or
 # ablation run>, which is deliberately not a declared output (Snakemake deletes declared outputs before rerunning a
 # rule, so the checkpoints would be lost). A killed run resumes from its last checkpoint when the same inputs and
-# params come back; the stage deletes its checkpoints after writing its manifest (rstar2/rl/checkpoints.py).
-# Optimizer across stages (paper §4.3): a stage with continue_optimizer starts from the AdamW state and LR schedule
-# the previous stage left in results/rl/stageN/optimizer (written before its manifest); stage 2 continues by
-# default, stage 3 starts fresh.
+# params come back; the per-step logs (declared: the report reads them) keep a second name there, so a resumed run
+# finds them again (rstar2/rl/checkpoints.py). The stage deletes its checkpoints after writing its manifest.
+# Optimizer across stages (paper §4.3): a stage with continue_optimizer reads the AdamW state and LR schedule the
+# previous stage wrote to results/rl/stageN/optimizer, a declared output of rule rl_keeping_optimizer (the same
+# rule for the stages whose next stage continues their optimizer: stage 1 by default).
 
 
 rule rl:
@@ -16,14 +17,18 @@ rule rl:
         unpack(rl_run_input),
     output:
         model=directory("results/{run}/model"),
+        metrics="results/{run}/metrics.jsonl",
+        rollouts="results/{run}/rollouts.jsonl",
+        heldout="results/{run}/heldout.jsonl",
+        heldout_problems="results/{run}/heldout_problems.jsonl",
         manifest="results/{run}/manifest.json",
     wildcard_constraints:
-        run=r"rl/stage[123]|ablation/(grpo_roc|grpo)-seed\d+",
+        run=rl_runs_pattern(keeping_optimizer=False),
     params:
         p=rl_run_params,
         optimizer=rl_optimizer_arg,
     conda:
-        "../../envs/train.yaml"
+        "../../envs/rstar2.yaml"
     log:
         "logs/{run}.log",
     benchmark:
@@ -34,3 +39,16 @@ rule rl:
     shell:
         launch("rl") + " rl --params {params.p:q} --model {input.model} --data {input.data} {params.optimizer}"
         " --out results/{wildcards.run} 2>&1 | tee {log}"
+
+
+use rule rl as rl_keeping_optimizer with:
+    output:
+        model=directory("results/{run}/model"),
+        metrics="results/{run}/metrics.jsonl",
+        rollouts="results/{run}/rollouts.jsonl",
+        heldout="results/{run}/heldout.jsonl",
+        heldout_problems="results/{run}/heldout_problems.jsonl",
+        optimizer=directory("results/{run}/optimizer"),
+        manifest="results/{run}/manifest.json",
+    wildcard_constraints:
+        run=rl_runs_pattern(keeping_optimizer=True),
