@@ -216,3 +216,43 @@ def test_run_rollouts_grades_with_the_given_answer_type(qwen_tokenizer):
     rewards = {kind: run_rollouts(BatchScriptedModel(lambda ctx: copy), tok, problems, RolloutConfig(),
                                   answer_type=kind)[0].reward for kind in ("math", "integer")}
     assert rewards == {"math": 1.0, "integer": 0.0}
+
+
+def test_hf_engine_reports_its_kv_budget_and_admission_holds_trajectories_back_when_it_is_full(qwen_tokenizer):
+    """A real (tiny, random) transformers model: the HF engine reports its KV budget in the policy's tokens
+    (2 x layers x KV heads x head dim x 4 bytes per float32 token), and the balanced scheduler admits only as many
+    trajectories as that holds, the rest once one ends, never reserving more than the capacity."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from rstar2.rollout import AgentLoop, Scheduler
+    from rstar2.rollout.engines import kv_bytes_per_token
+    from rstar2.rollout.sim import SimToolRunner
+
+    tok = qwen_tokenizer
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=16, max_position_embeddings=2048)).eval()
+    assert kv_bytes_per_token(model) == 2 * 2 * 2 * 16 * 4
+    eng = HFEngine(model, tok, temperature=1.0, max_batch=8, kv_budget_mb=1, seed=0)
+    capacity = 2**20 // 512
+    assert eng.kv_capacity_tokens() == capacity
+    assert HFEngine(model, tok, kv_tokens=99, kv_budget_mb=1).kv_capacity_tokens() == 99   # an override wins
+    cfg = RolloutConfig(max_response_tokens=8, max_turns=1, scheduler="balanced")
+    agent = AgentLoop(tok, cfg, SimToolRunner())
+    trajs = [agent.new_trajectory({"id": i, "problem": f"Problem {i}."}) for i in range(6)]
+    need = max(len(t.prompt_ids) for t in trajs) + cfg.max_response_tokens
+    fits = capacity // need
+    assert 1 <= fits < len(trajs), (capacity, need)   # the budget is full before every trajectory is admitted
+    sched = Scheduler([eng], agent, "balanced", cfg.max_response_tokens, max_inflight=256)
+    assert sched.policy == "kv-aware/least-loaded"
+
+    async def main():
+        try:
+            await sched.run(trajs)
+        finally:
+            await eng.aclose()
+    asyncio.run(main())
+    assert sched.admissions[0] == (0, fits) and sum(k for _, k in sched.admissions) == len(trajs)
+    assert len(sched.admissions) > 1 and sched.peak_reserved[0] <= capacity
+    assert all(t.finish_reason for t in trajs)

@@ -55,7 +55,8 @@ def default_engines(model, tok, cfg: RolloutConfig, seed: int | None = None) -> 
 
         seed = int(torch.randint(0, 2**62, (1,)))  # one seed for all replicas: a row's stream is its own either way
     return [HFEngine(decoder, tok, cfg.temperature, cfg.top_p, max_batch=cfg.batch_size,
-                     kv_tokens=cfg.kv_cache_tokens, precision=cfg.precision, kv_reuse=cfg.kv_reuse, seed=seed,
+                     kv_tokens=cfg.kv_cache_tokens, kv_budget_mb=cfg.hf_kv_cache_mb, precision=cfg.precision,
+                     kv_reuse=cfg.kv_reuse, seed=seed,
                      reproducible=cfg.reproducible)
             for _ in range(cfg.num_engines)]
 

@@ -54,6 +54,8 @@ class RolloutConfig:
         per-turn barrier; the baseline the paper improves on).
     kv_cache_tokens: KV capacity per engine used for admission; None = ask the engine (None there too =
         no KV limit, admission then only caps in-flight trajectories at ``max_inflight_per_engine``).
+    hf_kv_cache_mb: "hf" engine: the memory its KV caches may take (MiB); it reports the capacity in tokens this
+        holds for the policy (``HFEngine.kv_capacity_tokens``), so admission is KV-bound on CPU too. None = no bound.
     max_calls_per_turn: calls executed per turn (released code: 1); further calls are reported as dropped.
     kv_reuse: "hf" engine: keep each trajectory's KV cache across its turns and prefill a group's equal prompts
         once (False: re-prefill the whole context every turn).
@@ -74,6 +76,7 @@ class RolloutConfig:
     server_model: str | None = None
     scheduler: str = "balanced"
     kv_cache_tokens: int | None = None
+    hf_kv_cache_mb: int | None = 8192
     max_inflight_per_engine: int = 256
     max_calls_per_turn: int = 1
     precision: str = "fp32"

@@ -190,6 +190,20 @@ def inference_copy(model, precision: str):
     return twin
 
 
+def kv_bytes_per_token(model) -> int | None:
+    """Bytes one token's keys and values take in ``model``'s KV cache: 2 (K and V) x layers x KV heads x head
+    dimension x the weights' element size (the cache is kept in the model's dtype). None for anything that is not
+    a transformers model with those config fields (scripted stand-ins)."""
+    cfg = getattr(model, "config", None)
+    try:
+        layers, heads = cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        itemsize = next(model.parameters()).element_size()
+    except (AttributeError, TypeError, StopIteration):
+        return None
+    return 2 * layers * heads * head_dim * itemsize
+
+
 class HFEngine(BatchingEngine):
     """A transformers model on left-padded batches (CPU or GPU).
 
@@ -214,14 +228,19 @@ class HFEngine(BatchingEngine):
         kv_reuse: keep each trajectory's KV cache across turns (memory: its context's keys and values, until
             ``release``).
         reproducible: batches independent of tool-call timing (``BatchingEngine``).
+        kv_tokens: the KV capacity to report (tokens), overriding ``kv_budget_mb``.
+        kv_budget_mb: the memory this engine's KV caches may take (MiB), reported as a capacity in tokens
+            (``kv_capacity_tokens``); None = no bound.
     """
 
     def __init__(self, model, tok, temperature: float = 1.0, top_p: float = 1.0, max_batch: int = 16,
                  kv_tokens: int | None = None, linger_s: float = 0.02, max_linger_s: float = 0.5,
                  precision: str = "fp32", seed: int | None = None, kv_reuse: bool = True,
-                 reproducible: bool = False):
+                 reproducible: bool = False, kv_budget_mb: int | None = None):
         import torch
 
+        if kv_tokens is None and kv_budget_mb is not None and (per := kv_bytes_per_token(model)):
+            kv_tokens = kv_budget_mb * 2**20 // per
         super().__init__(max_batch, kv_tokens, linger_s, max_linger_s, reproducible)
         self.model, self.tok, self.temperature, self.top_p = model, tok, temperature, top_p
         self.precision, self.kv_reuse = precision, kv_reuse

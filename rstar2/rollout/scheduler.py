@@ -37,6 +37,16 @@ from typing import Callable
 from .agent_loop import AgentLoop, Trajectory
 
 
+def policy_name(mode: str, reproducible: bool) -> str:
+    """The scheduling policy that ``Scheduler(mode=mode, reproducible=reproducible)`` runs, as recorded in each
+    stage's manifest: ``kv-aware/least-loaded`` (balanced: one queue over all engines, the paper's §3.2 design),
+    ``kv-aware/round-robin`` (balanced and reproducible: trajectory j on engine j mod n, one FIFO queue per
+    engine) or ``static`` (even split, per-turn barrier)."""
+    if mode == "static":
+        return "static"
+    return "kv-aware/round-robin" if reproducible else "kv-aware/least-loaded"
+
+
 class Scheduler:
     """Runs trajectories to completion on ``engines`` through ``agent``.
 
@@ -53,6 +63,7 @@ class Scheduler:
         admissions: (engine index, trajectories admitted) per admission wave.
         reserved: KV tokens each engine's live trajectories reserve now; peak_reserved: the most ever.
         placements: trajectory key -> engine index.
+        policy: ``policy_name`` of this mode.
     Raises:
         ValueError: no engines or an unknown mode.
     """
@@ -70,6 +81,7 @@ class Scheduler:
         self.admissions: list[tuple[int, int]] = []
         self.reserved, self.peak_reserved = [0] * n, [0] * n
         self.placements: dict[str, int] = {}
+        self.policy = policy_name(mode, reproducible)
         self._live: list[int] = [0] * n                       # trajectories on each engine now
         self._prompts: list[Counter] = [Counter() for _ in range(n)]  # prompt -> live trajectories with it
 

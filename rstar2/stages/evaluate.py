@@ -23,6 +23,7 @@ from .. import seeds
 from ..io import append_jsonl, digest, keep_resumable, read_jsonl, write_json, write_manifest
 from ..metrics import summarise
 from ..params import to_dict
+from ..rollout.scheduler import policy_name
 from .params import EvaluateParams, parse
 
 
@@ -229,7 +230,8 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     write_json(out / "summary.json", summary)
     write_manifest(out, stage=f"evaluate_{model_name}", params=to_dict(ev), inputs=[model_dir],
                    counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0,
-                   extra={"precision": precision.summary(to_dict(ev))})
+                   extra={"precision": precision.summary(to_dict(ev)),
+                          "scheduler": policy_name(ev.rollout.scheduler, ev.rollout.reproducible)})
     shutil.rmtree(_resume_dir(out), ignore_errors=True)
     with contextlib.suppress(OSError):  # results/eval/checkpoints itself, once no evaluation has any left
         _resume_dir(out).parent.rmdir()

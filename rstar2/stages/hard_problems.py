@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import seeds
 from ..io import read_jsonl, write_jsonl, write_manifest
 from ..params import to_dict
+from ..rollout.scheduler import policy_name
 from .params import HardProblemsParams, parse
 from .rl import select_sources
 
@@ -50,4 +51,5 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
     write_manifest(out, stage="hard_problems", params=to_dict(p), inputs=[model_dir, data_path],
                    counts={"mined": len(rows), "hard": len(hard), "solved_k_of_k": sum(r["passes"] == k for r in counted),
                            "below_min_passes": sum(r["passes"] < p.min_passes for r in counted)},
-                   started=t0, extra={"precision": precision.summary(to_dict(p))})
+                   started=t0, extra={"precision": precision.summary(to_dict(p)),
+                          "scheduler": policy_name(p.rollout.scheduler, p.rollout.reproducible)})

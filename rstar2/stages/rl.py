@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..io import read_jsonl, write_manifest
 from ..params import merge_overrides, to_dict
+from ..rollout.scheduler import policy_name
 from .params import RLParams, parse
 
 
@@ -210,7 +211,9 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
                            "train_problems": len(rows), "resumed_from_step": resume_step,
                            "shared_prefix_forwards": getattr(trainer.model, "shared_prefix_calls", 0),
                            "rollouts": sum(1 for _ in open(out / "rollouts.jsonl")) if (out / "rollouts.jsonl").exists() else 0},
-                   started=t0, extra={"precision": precision.summary(to_dict(p)), "optimizer_continued_from": carried})
+                   started=t0, extra={"precision": precision.summary(to_dict(p)),
+                          "scheduler": policy_name(p.rollout.scheduler, p.rollout.reproducible),
+                          "optimizer_continued_from": carried})
     shutil.rmtree(ckpt_root, ignore_errors=True)  # after the manifest: a finished stage needs no checkpoints
     with contextlib.suppress(OSError):  # results/rl/checkpoints itself, once no stage has any left
         ckpt_root.parent.rmdir()
