@@ -1,6 +1,7 @@
 """The rStar2-Agent wire format: prompt template, tool schema, tool-call parsing, tool-response turns, token masks.
 
-Source: reference/rstar2_spec.md §2.1-2.4 (the released code's Jinja template and hermes-style parser).
+Source: paper §2.1, Fig. 3 and the released code: the Jinja template in rstar2_agent/config/rstar2_agent_trainer.yaml,
+the hermes-style parser in rstar2_agent/tools/tool_parser.py.
 Layout of one trajectory (``|`` separates token segments; ``[m]`` = masked, loss weight 0)::
 
     <|im_start|>system\\n{SYSTEM + tools}<|im_end|>\\n                        [m]  prompt
@@ -57,7 +58,8 @@ _JSON = json.JSONDecoder(strict=False)  # strict=False: raw newlines inside the 
 
 
 def python_tool_schema(name: str = DEFAULT_TOOL_NAME) -> dict:
-    """JSON schema of the code tool (spec §2.2): required string parameters ``code`` and ``input`` (stdin)."""
+    """JSON schema of the code tool (released code rstar2_agent/config/tool_config/python_tool_config.yaml): required
+    string parameters ``code`` and ``input`` (stdin)."""
     return {
         "type": "function",
         "function": {
@@ -77,7 +79,7 @@ def python_tool_schema(name: str = DEFAULT_TOOL_NAME) -> dict:
 
 
 def system_message(tools: list[dict]) -> str:
-    """The rStar2 system prompt with one JSON tool schema per line (spec §2.1)."""
+    """The rStar2 system prompt with one JSON tool schema per line (paper Fig. 3)."""
     if not tools:
         return SYSTEM_PROMPT
     return SYSTEM_PROMPT + TOOLS_HEADER + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_FOOTER
@@ -98,7 +100,7 @@ def prompt_text(question: str, tools: list[dict]) -> str:
 
 
 def tool_response_text(results: list[str]) -> str:
-    """The masked text appended after an assistant turn that made tool calls (spec §2.4).
+    """The masked text appended after an assistant turn that made tool calls (paper §2.1).
 
     Consecutive tool results share one user turn; the next generation prompt follows.
     """
@@ -186,9 +188,9 @@ def scan_tool_calls(text: str) -> list:
 
 
 def parse_tool_calls(text: str, tool_name: str = DEFAULT_TOOL_NAME) -> list[ToolCall]:
-    """Parse every ``<tool_call>{json}</tool_call>`` block of one complete assistant turn, in order (spec §2.3).
+    """Parse every ``<tool_call>{json}</tool_call>`` block of one complete assistant turn, in order (paper §2.1).
 
-    Rules (the released hermes parser, plus fixes for the failure cases in cases/handed.jsonl T01-T03):
+    Rules (the released hermes parser, plus fixes for the handed failure cases T01-T03, tests/test_chat.py):
     - The JSON object is read with a JSON decoder from just after ``<tool_call>`` and must be followed by
       ``</tool_call>``; so a ``</tool_call>`` *inside* the code string does not end the call (the
       released non-greedy regex cuts there). Raw newlines in strings are accepted.
@@ -198,7 +200,8 @@ def parse_tool_calls(text: str, tool_name: str = DEFAULT_TOOL_NAME) -> list[Tool
     - Anything else wrong (bad JSON, a second object in one tag, unknown tool, missing/empty code, no
       closing tag) yields ``ToolCall(error="Failed to decode tool call: ...")``: the text goes back to the
       model as the tool response and code never runs with missing or partial arguments.
-    The caller must not parse a turn that was cut by the length limit (spec §2.5, case T04).
+    The caller must not parse a turn that was cut by the length limit (case T04; released code
+    rstar2_agent/rollout/rstar2_agent_loop.py).
     """
     calls: list[ToolCall] = []
     for obj in scan_tool_calls(text):

@@ -1,4 +1,4 @@
-"""Trainer placement shared by the SFT and RL stages: device, precision, process count, vLLM (issue 8).
+"""Trainer placement shared by the SFT and RL stages: device, precision, process count, vLLM.
 
 The stages run unchanged under ``accelerate launch`` (DDP, DeepSpeed ZeRO-3 or FSDP, per the accelerate config
 file the workflow's ``distributed.launch`` names): accelerate sets the process group up from the environment the

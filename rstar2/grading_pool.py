@@ -1,7 +1,7 @@
 """Answer checking in killable worker processes (paper §3.1: "the Math-Verifier is also offloaded").
 
 Math-Verify can run for seconds or hang on inputs such as ``2003^{2002^{2001}}``, and its signal-based
-timeout only works in a process's main thread (reference/frameworks.md §6). Here every comparison runs in
+timeout only works in a process's main thread. Here every comparison runs in
 the main thread of a worker process forked from a warm forkserver that has already imported
 ``rstar2.grading`` (and with it math_verify and sympy); a worker that overruns the per-item wall-clock
 deadline is SIGKILLed and replaced, and that item scores 0 with status ``timeout``.

@@ -1,7 +1,7 @@
 """Evaluation metrics: pass@k, avg@k (average pass@1), maj@k and a bootstrap confidence interval.
 
 The paper reports avg@16: 16 samples per problem at temperature 0.6, the mean reward over the samples of a
-problem, averaged over problems (spec §6.1). Confidence intervals resample *problems* (the samples of one
+problem, averaged over problems (paper §5.1). Confidence intervals resample *problems* (the samples of one
 problem are not independent draws from the benchmark).
 """
 

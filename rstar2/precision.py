@@ -1,4 +1,4 @@
-"""Precision by capability (issue 17): bf16 only where the device computes it natively.
+"""Precision by capability: bf16 only where the device computes it natively.
 
 ``distributed.bf16`` (training: torch.autocast mixed precision, float32 master weights) and ``rollout.precision``
 (the "hf" engine: a bfloat16 copy of the policy, generation under autocast) ask for bf16 *where the device has it*:
@@ -9,7 +9,7 @@
 notice in the stage's log and the choice in its manifest; ``force`` / ``force-bf16`` use bf16 anyway.
 Why: on a CPU without bf16 instructions (AVX2 only, e.g. AMD Zen 3) PyTorch runs bf16 matrix products on a
 fallback path; one forward + backward of SmolLM2-135M on 4 x 256 tokens took 6.7 s in float32 and more than 180 s
-under bf16 autocast on a 2-core Zen 3 (issue 17; ``benchmarks/bench_bf16_cpu.py`` measures it on the machine at hand).
+under bf16 autocast on a 2-core Zen 3 (``benchmarks/bench_bf16_cpu.py`` measures it on the machine at hand).
 
 Native bf16 means:
 - CPU (x86): the ``avx512_bf16`` or ``amx_bf16`` flag in /proc/cpuinfo, *and* PyTorch using it: its ATen

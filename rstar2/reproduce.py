@@ -1,4 +1,4 @@
-"""Reproducibility check (issue 22): run one config twice into two scratch copies of the workflow and list the
+"""Reproducibility check: run one config twice into two scratch copies of the workflow and list the
 artifacts that differ, the first one first, with where (file, row, field).
 
 Two runs of one config and seed (``reproducible: true``, the default) must give the same results folder except

@@ -1,4 +1,4 @@
-"""Derived random streams for reproducible runs (issue 22).
+"""Derived random streams for reproducible runs.
 
 Every random choice of a run draws from a stream named by what it is for, e.g. the sampling seed of RL step 3
 of stage 1 is ``derive(seed, "rl_stage1", "rollout", 3)``; a trajectory's tokens then come from

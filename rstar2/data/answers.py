@@ -1,4 +1,4 @@
-"""Integer-answer normalisation for RL data curation (spec §5.3: "the answer must be an integer").
+"""Integer-answer normalisation for RL data curation (paper §4.2: the answer must be an integer).
 
 The RL reward compares the model's final answer with the gold one. rStar2-Agent keeps only problems whose
 gold answer is an integer, because rule-based verifiers cannot reliably decide algebraic equivalence. This
@@ -53,7 +53,7 @@ def normalize_integer_answer(s, max_abs: int = 10**18) -> int | None:
 
     Args:
         s: the gold answer, usually a string; ints are accepted as-is, integer-valued finite floats too.
-        max_abs: reject values with ``abs(value) > max_abs`` (spec §5.3: huge answers time out verifiers).
+        max_abs: reject values with ``abs(value) > max_abs`` (paper §4.2: huge answers time out verifiers).
 
     Accepted (returns the int):
         - plain integers, with an optional sign: ``"12"``, ``"-7"``, ``"+3"``;

@@ -1,4 +1,4 @@
-"""A bundled learning task: integer arithmetic problems from a seeded generator (issue 9; CPU learning signal).
+"""A bundled learning task: integer arithmetic problems from a seeded generator (a CPU learning signal).
 
 The paper's RL data (§4.2) is competition math that a 135M-parameter model cannot touch. To see learning on
 CPU we need problems that a small model *can* solve once it delegates the arithmetic to the Python tool, and

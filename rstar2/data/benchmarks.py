@@ -11,7 +11,7 @@ a :func:`rstar2.data.loaders.load_source` spec (``path``, ``fields``, ...) plus
   column of the correct option's text. The options are shuffled per problem (seeded by the benchmark name
   and problem id, so every run and every model sees the same order), appended to the problem as
   ``(A) ... (B) ...``, and the gold becomes the correct option's letter;
-- ``paper``: optional, the column of the paper's Table 3 or 5 this benchmark is reported beside (spec §6.2).
+- ``paper``: optional, the column of the paper's Table 3 or 5 this benchmark is reported beside.
 
 Two answer types are not answers: ``ifeval`` and ``bfcl`` benchmarks are checked on the whole response by the
 field's reference checkers (rstar2.grading.ifeval: lm-eval's IFEval checks; rstar2.grading.bfcl: the Berkeley

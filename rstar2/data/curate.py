@@ -1,4 +1,4 @@
-"""RL data curation funnel (spec §5.3): integer answers, exact and near dedupe, 8-gram decontamination.
+"""RL data curation funnel (paper §4.2, §5.1): integer answers, exact and near dedupe, 8-gram decontamination.
 
 Steps, in order, each counted per source:
 
@@ -51,7 +51,7 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
 
     Args:
         ngram: decontamination n-gram length in words (paper: 8).
-        max_abs_answer: golds with a larger magnitude are dropped ("too_large"; spec §5.3, Project Euler).
+        max_abs_answer: golds with a larger magnitude are dropped ("too_large"; paper §4.2, Project Euler).
         near_dedupe: ``{"enabled", "threshold", "num_perm", "shingle_words"}``, missing keys from
             NEAR_DEDUPE_DEFAULTS.
         boilerplate_min_problems: 0 (paper) or N: n-grams found in >= N candidate problems never count as

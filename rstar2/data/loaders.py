@@ -237,7 +237,7 @@ class _Context:
 def _dataset_name(spec: dict) -> str:
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip():
-        # An empty data_source used to surface much later as "Reward function is not implemented" (P04).
+        # Checked here: an empty data_source would surface much later as "Reward function is not implemented" (P04).
         raise ValueError(f"dataset spec needs a non-empty 'name' (got {name!r}) for path {spec.get('path')!r}")
     return name
 

@@ -1,4 +1,4 @@
-"""RL prompt-length filter (spec §2.1 and §5.5: the released code drops prompts longer than 2048 tokens,
+"""RL prompt-length filter (the released rstar2_agent/main_rstar2_agent.py drops prompts longer than 2048 tokens,
 measured with the tool schema included; config ``rl_data.max_prompt_tokens``).
 
 A problem's prompt is exactly what a rollout starts from: ``chat.prompt_text(problem, [python tool schema])``

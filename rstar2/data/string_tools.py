@@ -1,4 +1,4 @@
-"""Non-math tool-use tasks for the SFT cold start: string manipulation done through the Python tool (issue 9).
+"""Non-math tool-use tasks for the SFT cold start: string manipulation done through the Python tool.
 
 The paper's cold start (§4.1) teaches the tool-call format on non-reasoning data and contains no math. These
 tasks do the same at CPU scale: each asks for a string transformation or count that the model gets by
@@ -7,7 +7,7 @@ answer is boxed. There is no arithmetic: ``+`` and ``*`` appear only between str
 words inside ``print(...)``). What transfers to the arithmetic task is the *habit* of calling the tool,
 printing an expression's value and copying the result. Without the operator tasks a model trained on these
 tasks learned to pass an arithmetic problem as standard input and print it back unchanged, then box the
-expression (which a lenient grader scores as correct, issue 9).
+expression (which a lenient grader scores as correct).
 
 :func:`generate` returns ``n`` tasks ``{"id", "question", "code", "stdin", "expected"}`` (``expected`` is the
 output the code must print, computed here so the SFT builder can check the sandbox agrees). About one task

@@ -1,4 +1,4 @@
-"""Answer extraction and the binary answer reward (spec §1.1, §2.7; Math-Verify notes in frameworks.md §6).
+"""Answer extraction and the binary answer reward (paper §2.1, §2.2.1; released code fused_compute_score/).
 
 The reward is 1.0 when the model's final answer is equivalent to the gold answer, else 0.0. There is no
 format, tool-error or length term. Grading runs in this order, and the first rule that applies decides:

@@ -1,4 +1,4 @@
-"""BFCL (Berkeley Function Calling Leaderboard; paper Table 5, spec §6.1) checked by the Berkeley AST checker.
+"""BFCL (Berkeley Function Calling Leaderboard; paper Table 5, §5.1) checked by the Berkeley AST checker.
 
 The model answers in our wire format: the functions in the system prompt as the rStar2 template lists tools
 (rstar2.data.bfcl), each call a ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block. The

@@ -1,4 +1,4 @@
-"""Multiple-choice answers graded on the option letter (GPQA-Diamond; spec §6.1)."""
+"""Multiple-choice answers graded on the option letter (GPQA-Diamond; paper §5.1)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def choice_letter(s: str) -> str | None:
 def letters_match(pred: str | None, gold: str) -> float:
     """1.0 if ``pred`` names the option letter of ``gold`` (already checked to be one letter), else 0.0.
 
-    GPQA-Diamond's grading is not stated in the paper (spec §6.1, [UNCONFIRMED]); comparing the letter the
+    GPQA-Diamond's grading is not stated in the paper (§5.1); comparing the letter the
     model boxed is the usual protocol. Never a substring search: ``\\boxed{B or C}`` names no single letter.
     """
     if pred is None:

@@ -1,4 +1,4 @@
-"""The model's final answer from its own final turn (spec §1.1; handed cases G01, G02, G05, G08).
+"""The model's final answer from its own final turn (paper §2.2.1; handed cases G01, G02, G05, G08).
 
 The answer is the last ``\\boxed{}`` (or ``\\fbox{}``) inside the last ``<answer>`` block if there is one,
 else the last box of the turn. ``<tool_call>`` and ``<tool_response>`` blocks are removed first, so a box

@@ -1,4 +1,4 @@
-"""IFEval (Zhou et al. 2023; paper Table 5, spec §6.1) checked by lm-eval's reference implementation.
+"""IFEval (Zhou et al. 2023; paper Table 5, §5.1) checked by lm-eval's reference implementation.
 
 The 25 instruction checks are lm-eval 0.4.13's ``lm_eval.tasks.ifeval`` (a port of Google's
 ``instruction_following_eval``), called unchanged: :func:`check` is ``utils.process_results`` on one
@@ -15,7 +15,7 @@ response, :func:`summarise` uses ``utils.agg_inst_level_acc``. We only decide wh
 Metrics, as lm-eval reports them: prompt-level accuracy (a prompt counts when all of its instructions are
 followed) and instruction-level accuracy (over all instructions of all prompts), each *strict* (the response
 as is) and *loose* (lm-eval's variants without the first line, the last line, or ``*`` markup). The paper
-reports IFEval strict prompt-level accuracy (spec §6.1).
+reports IFEval strict prompt-level accuracy (paper §5.1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exact equivalence of math answers (answer_type ``math``; spec §1.1, issue 25), then Math-Verify.
+"""Exact equivalence of math answers (answer_type ``math``; paper §2.2.1), then Math-Verify.
 
 Both sides are parsed with Math-Verify 0.9.0 (gold wrapped in ``\\boxed{}``, fallback ``$...$``; prediction
 wrapped in ``\\boxed{}`` with the LaTeX and Expr configs). Math-Verify's own ``verify`` compares numbers

@@ -1,4 +1,4 @@
-"""The GRPO vs GRPO-RoC ablation in the report (issue 9, issue 23; paper §5.3, Figs. 4 and 9).
+"""The GRPO vs GRPO-RoC ablation in the report (paper §5.3, Figs. 4 and 9).
 
 Inputs: one entry per run ``{"mode", "seed", "metrics", "heldout"}`` (``report.inputs``; the rows of the run's
 ``metrics.jsonl`` and ``heldout.jsonl``).
@@ -30,7 +30,7 @@ PANELS = [  # (title, source, key)
 ]
 SMOOTH = 3          # steps in the training curves' moving average
 UNIT = (0.0, 1.0)   # accuracies, rewards and ratios: their intervals over seeds are clipped to this range
-TAIL_FRACTION = 3   # end-of-run columns average the last 1/3 of the logged steps (issue 23's "last third")
+TAIL_FRACTION = 3   # end-of-run columns average the last 1/3 of the logged steps
 
 
 def tail_steps(n_steps: int) -> int:
@@ -217,7 +217,7 @@ PAIRED = [("err", "tool-error ratio of positives, points", _pct), ("len", "respo
 
 def _paired_section(by_mode: dict[str, dict[str, dict]]) -> list:
     """GRPO-RoC minus GRPO per seed both modes ran, the mean difference with its 95% t-interval, and how many seeds
-    have RoC's tool-error ratio of positives below GRPO's (issue 23's test in the last third of training)."""
+    have RoC's tool-error ratio of positives below GRPO's (in the last third of training)."""
     roc, grpo = by_mode.get("grpo_roc", {}), by_mode.get("grpo", {})
     seeds = sorted(set(roc) & set(grpo), key=lambda s: (len(s), s))
     if not seeds:

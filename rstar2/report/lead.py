@@ -1,4 +1,4 @@
-"""The report's first section: did RL teach the model? (issue 19).
+"""The report's first section: did RL teach the model?
 
 Held-out accuracy of every evaluated model on the lead benchmark (by default the RL stages' held-out benchmark)
 with 95% bootstrap intervals, as a table and a figure (``learning_result.png``: accuracy per model with error

@@ -1,5 +1,5 @@
-"""Learning curves in the report (issue 9), and the entry points of the GRPO vs GRPO-RoC ablation's figure and
-tables, which live in :mod:`.ablation` (issue 23; paper §5.3, Figs. 4 and 9).
+"""Learning curves in the report, and the entry points of the GRPO vs GRPO-RoC ablation's figure and
+tables, which live in :mod:`.ablation` (paper §5.3, Figs. 4 and 9).
 
 Inputs are the RL stage folders' ``heldout.jsonl`` (held-out accuracy with its 95% interval at fixed steps,
 ``rstar2.rl.heldout``).

@@ -1,4 +1,4 @@
-"""The paper's reported numbers (spec §6.2: P Tables 3, 4 and 5), for the report's reference rows.
+"""The paper's reported numbers (paper Tables 3, 4 and 5), for the report's reference rows.
 
 Table 3 reports pass@1 averaged over 16 samples for rStar2-Agent-14B; the other rows are as reported by their
 own papers. A ``None`` is a value the paper does not give.
@@ -26,9 +26,9 @@ TABLE3: list[tuple[str, bool | None, dict[str, float | None]]] = [
 ]
 OURS = "rStar2-Agent-14B"
 
-#: Columns of Table 5 (generalisation), in the paper's order. IFEval is strict prompt-level accuracy (spec §6.1).
+#: Columns of Table 5 (generalisation), in the paper's order. IFEval is strict prompt-level accuracy (paper §5.1).
 TABLE5_COLUMNS = ["GPQA-Diamond", "BFCL v3", "IFEval", "Arena-Hard"]
-#: P Table 5 rows (spec §6.2): rStar2-Agent-14B after RL, the same model after the non-reasoning SFT, DeepSeek-V3.
+#: Paper Table 5 rows: rStar2-Agent-14B after RL, the same model after the non-reasoning SFT, DeepSeek-V3.
 TABLE5: list[tuple[str, dict[str, float]]] = [
     ("rStar2-Agent-14B", {"GPQA-Diamond": 60.9, "BFCL v3": 60.8, "IFEval": 83.4, "Arena-Hard": 86.6}),
     ("rStar2-Agent-14B after SFT", {"GPQA-Diamond": 42.1, "BFCL v3": 63.1, "IFEval": 83.7, "Arena-Hard": 86.8}),

@@ -1,4 +1,4 @@
-"""The padded training batches of one RL step in TRL's ``_compute_loss`` format (frameworks.md §1).
+"""The padded training batches of one RL step in TRL's ``_compute_loss`` format (trl/trainer/grpo_trainer.py).
 
 Only kept trajectories are ever padded into a batch: dropped rollouts get no forward or backward pass
 (benchmarks/bench_roc_compute.py)."""
@@ -21,7 +21,7 @@ def build_batch(trajs: list, advantages: list[float], pad_id: int, device="cpu")
     advantages (B,) float32; num_items_in_batch = number of loss tokens.
     Raises:
         ValueError: a trajectory whose response_mask and response_ids differ in length (a mask shifted
-            against its tokens would train on tool output; frameworks.md trl#5144).
+            against its tokens would train on tool output; huggingface/trl#5144).
     """
     for t in trajs:
         if len(t.response_mask) != len(t.response_ids):

@@ -119,7 +119,7 @@ CARRY_FILE = "carried_optimizer.json"  # written last into an optimizer folder: 
 
 
 def save_optimizer(trainer, folder: str | os.PathLike, info: dict) -> None:
-    """Leave a finished stage's AdamW state and LR schedule for the next stage (paper §4.3; spec §6: stages 1
+    """Leave a finished stage's AdamW state and LR schedule for the next stage (paper §4.3: stages 1
     and 2 are one continuing run, the optimizer is reset only for stage 3).
 
     ``folder`` is inside the stage's output folder (``results/rl/stage1/optimizer``), not under

@@ -1,4 +1,4 @@
-"""Held-out evaluation during RL: accuracy of the current policy at fixed step intervals (issue 9).
+"""Held-out evaluation during RL: accuracy of the current policy at fixed step intervals.
 
 A learning curve needs the policy's accuracy on problems it never trains on, measured before the first update
 and every ``every`` steps after. This callback runs the same agent loop and grader as the ``evaluate`` stage

@@ -1,4 +1,4 @@
-"""Per-GPU memory plan of an RL stage, computed from the config before anything runs (issue 20).
+"""Per-GPU memory plan of an RL stage, computed from the config before anything runs.
 
 Pure arithmetic (no torch): the workflow calls it at parse time (workflow/rules/rl.smk), so ``snakemake -n``
 prints it and a config that cannot fit fails before a job is queued. Units: bytes; GB = 1e9 bytes, the unit
@@ -32,7 +32,7 @@ VLLM_OVERHEAD_BYTES = 2.0e9   # vLLM besides weights and KV: profile-run activat
 #                               at 4096), CUDA graphs, sampler buffers; also what is left of it asleep [estimate]
 CUDA_CONTEXT_BYTES = 1.0e9    # CUDA context and cuBLAS/NCCL workspaces of one training process [estimate]
 # Prompt allowance per rollout (chat template + tool schema + problem), over the 30,407 bundled RL candidates with
-# the Qwen3 tokenizer: median 408, p99 702, max 3,641 tokens (measured for issue 20).
+# the Qwen3 tokenizer: median 408, p99 702, max 3,641 tokens (measured).
 PROMPT_TOKENS = 1024
 # TRL 1.16's fused LM head allocates one (tokens, vocab) tile buffer of at most TOKEN_CHUNK_SIZE x
 # _CHUNKED_LOGPROB_CHUNK_SIZE (trl/kernels/chunked_logprob.py, trl/trainer/utils.py)

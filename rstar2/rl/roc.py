@@ -1,10 +1,10 @@
 """GRPO-RoC: penalties, group filtering, down-sampling 2G -> G, and advantages (paper §2.2.3, Eqs. 4-7;
-spec §1.3-1.6).
+released code rstar2_agent/down_sample/reject_sampling.py and roc.py).
 
 Pure functions over rewards, tool-call statuses and turn texts, so every rule is unit-testable against
 hand-computed groups and reusable from any trainer.
 
-Paper vs released code (spec §1.5, Appendix A), each selectable:
+Paper vs released code (rstar2_agent/down_sample/roc.py), each selectable:
   * p_err: structured statuses (paper: execution error, timeout, parse failure all count) or the released
     code's proxy, the substring "error" in each ``<tool_response>`` block;
   * p_format: Eq. 5 over all turns (paper) or the released code's rule, which counts only the turns after the
@@ -22,7 +22,7 @@ OK_STATUS = "ok"
 ERROR_PENALTY_MODES = ("status", "substring")
 FORMAT_PENALTY_MODES = ("paper", "released")
 POSITIVE_SELECTIONS = ("inverse_prob", "topk")
-ADV_EPS = 1e-6          # verl compute_grpo_outcome_advantage: (r - mean) / (std + 1e-6) (spec §1.6)
+ADV_EPS = 1e-6          # verl compute_grpo_outcome_advantage: (r - mean) / (std + 1e-6) (paper Eq. 7)
 EQUAL_TOL = 1e-9        # rewards closer than this are "equal": a group with no learning signal
 MIN_EACH = 2            # released code: at least 2 positives and 2 negatives kept where available
 
@@ -44,7 +44,7 @@ def tool_error_penalty(statuses: list[str]) -> float:
 
 
 def tool_error_penalty_substring(tool_responses: list[str]) -> float:
-    """p_err as the released code computes it (R:roc.py ``calc_error_ratio_penalty_weights``, spec §1.5).
+    """p_err as the released code computes it (rstar2_agent/down_sample/roc.py ``calc_error_ratio_penalty_weights``).
 
     Args:
         tool_responses: the text inside each ``<tool_response>`` block that reached the model.
@@ -91,12 +91,12 @@ def format_penalty(turn_texts: list[str], mode: str = "paper") -> float:
 
 def rewards_equal(rewards: list[float]) -> bool:
     """True when every reward of the group is the same (all correct or all wrong): the group carries no
-    learning signal and GRPO-RoC removes it before down-sampling (spec §1.3, R:reject_equal_reward)."""
+    learning signal and GRPO-RoC removes it before down-sampling (released down_sample/reject_sampling.py)."""
     return not rewards or max(rewards) - min(rewards) <= EQUAL_TOL
 
 
 def split_counts(n_pos: int, n_neg: int, keep: int, min_each: int = MIN_EACH) -> tuple[int, int]:
-    """How many positives and negatives to keep out of one group (the released code's rule, spec §1.4).
+    """How many positives and negatives to keep out of one group (released rule, rstar2_agent/down_sample/roc.py).
 
     Rounding: k_neg = round(n_neg * keep / N) with Python's round (half to even), k_pos = keep - k_neg;
     then k_neg is raised to min(m, n_neg) and, after that, k_pos to min(m, n_pos), each time taking the
@@ -140,7 +140,7 @@ def sample_inverse_prob(candidates: list[int], penalties: list[float], k: int, r
 
 def select_group(rewards: list[float], penalties: list[float], keep: int, rng: random.Random,
                  positive_selection: str = "inverse_prob", eps: float = 1e-3) -> list[int]:
-    """Indices (sorted) of the rollouts RoC keeps from one group of 2G (Step B, spec §1.4).
+    """Indices (sorted) of the rollouts RoC keeps from one group of 2G (Step B, paper §2.2.3).
 
     Args:
         rewards: one binary reward per rollout (> 0 is a positive). penalties: p_total per rollout (only
@@ -173,12 +173,12 @@ MODES = ("grpo_roc", "grpo")
 
 def kept_for_update(rewards: list[float], penalties: list[float], keep: int, mode: str, rng: random.Random,
                     positive_selection: str = "inverse_prob", eps: float = 1e-3) -> list[int]:
-    """Indices (sorted) of one group's rollouts that enter the policy update, in either mode (spec §1.3-1.4).
+    """Indices (sorted) of one group's rollouts that enter the policy update, in either mode (paper §2.2.3).
 
     A group whose rewards are all equal enters in neither mode: every advantage would be 0, so it adds nothing
     to the gradient, only tokens to the dapo loss's denominator (``num_items_in_batch``, a token mean over
-    the batch). Keeping such groups in GRPO but not in GRPO-RoC (as before issue 23) gave GRPO a smaller
-    effective learning rate whenever a step had a uniform group, so the ablation compared two step sizes as
+    the batch). Keeping such groups in GRPO but not in GRPO-RoC would give GRPO a smaller
+    effective learning rate whenever a step had a uniform group, so the ablation would compare two step sizes as
     well as two selection rules. Otherwise ``"grpo"`` keeps every rollout (it draws G, "GRPO with Tool",
     paper §5.3) and ``"grpo_roc"`` down-samples to ``keep`` with :func:`select_group`.
 
@@ -200,7 +200,7 @@ def kept_for_update(rewards: list[float], penalties: list[float], keep: int, mod
 
 
 def group_advantages(rewards: list[float]) -> list[float]:
-    """GRPO outcome advantages over one (selected) group: (r - mean) / (std + 1e-6) (paper Eq. 7; spec §1.6).
+    """GRPO outcome advantages over one (selected) group: (r - mean) / (std + 1e-6) (paper Eq. 7).
 
     std is the unbiased (Bessel-corrected) standard deviation, as torch.std in verl. Computed in float64 with a
     two-pass variance, and a group whose rewards are all equal (within 1e-9) gets exactly 0, so float error in

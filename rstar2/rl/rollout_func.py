@@ -27,7 +27,7 @@ class RolloutFunc:
         positive_selection: "inverse_prob" or "topk". penalty: p_err/p_format definitions and eps.
         seed: the stage's seed; step s samples its rollouts from ``seeds.derive(seed, "rollout", s)`` and makes its
             RoC choices with ``random.Random(seeds.derive(seed, "select", s, process index))``, so a resumed
-            stage needs no RNG state but the step counter (issue 22). out_dir: where rollouts.jsonl is appended.
+            stage needs no RNG state but the step counter. out_dir: where rollouts.jsonl is appended.
         faults: when to stop for failing infrastructure (``fault_accounting.FaultPolicy``; None: never). Trajectories
             whose tool call the sandbox could not serve are left out of selection and counted (fault_accounting).
     Raises:
@@ -93,7 +93,7 @@ class RolloutFunc:
         for q in uniq:
             meta = self.answers[q]
             problems += [{"id": meta["id"], "problem": q, "answer": meta["answer"]}] * self.n_draw
-        # server mode with several processes: the main process's scheduler runs every process's groups (issue 21)
+        # server mode with several processes: the main process's scheduler runs every process's groups
         kw = {"engines": engines, "central": rollout_lib.central_for_trainer(trainer)} if engines is not None else {}
         restarts = grading_pool.stats()["restarts"]
         # rl_data keeps integer-answer problems only (the paper's curation), so the reward is the integer grader's

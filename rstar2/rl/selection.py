@@ -1,4 +1,4 @@
-"""GRPO-RoC selection of one RL step (paper §2.2, Eqs. 4-5; spec §1): each trajectory's tool-error and format
+"""GRPO-RoC selection of one RL step (paper §2.2, Eqs. 4-5): each trajectory's tool-error and format
 penalties, then per group Step A (drop equal-reward groups) and Step B (keep G of the 2G drawn), and the
 advantages over the kept rollouts. The arithmetic itself is in ``roc``; this module applies it to trajectories."""
 
@@ -16,7 +16,7 @@ _TOOL_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.S)
 
 @dataclass
 class PenaltyConfig:
-    """Which p_err / p_format definitions to use (spec §1.5) and the eps of 1/(p_total + eps).
+    """Which p_err / p_format definitions to use (paper Eqs. 4-5 or released code) and the eps of 1/(p_total + eps).
 
     error: ``"status"`` (paper) or ``"substring"`` (released code). format: ``"paper"`` or ``"released"``.
     """
@@ -73,13 +73,13 @@ def select(groups: list[list[rollout_lib.Trajectory]], penalties: list[list[tupl
            mode: str, positive_selection: str, eps: float, rng: random.Random) -> list[GroupResult]:
     """Step A (drop equal-reward groups) and Step B (RoC 2G -> G) per group, then advantages over the kept.
 
-    Both modes drop equal-reward groups (``roc.kept_for_update``: the same loss normalisation, issue 23);
+    Both modes drop equal-reward groups (``roc.kept_for_update``: the same loss normalisation);
     ``mode="grpo"`` keeps every rollout of the other groups, ``mode="grpo_roc"`` down-samples them.
     """
     out = []
     for g, pens in zip(groups, penalties):
         rewards = [t.reward for t in g]
-        # issue 23: one rule for both modes (was: grpo kept equal-reward groups, growing the loss's token count)
+        # one rule for both modes: equal-reward groups kept in one mode would only grow its loss's token count
         kept = roc.kept_for_update(rewards, [a + b for a, b in pens], G, mode, rng, positive_selection, eps)
         dropped = roc.rewards_equal(rewards)
         adv = roc.group_advantages([rewards[i] for i in kept])

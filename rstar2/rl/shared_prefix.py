@@ -1,4 +1,4 @@
-"""Training forwards with the batch's shared prompt prefix run once (issue 19).
+"""Training forwards with the batch's shared prompt prefix run once.
 
 Every row of an SFT or RL batch starts with the same tokens: the system prompt with the tool schema (378 of the
 ~530 tokens of a bundled SFT example, 378 of the ~400 prompt tokens of an RL trajectory). TRL's losses forward every

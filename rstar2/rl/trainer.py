@@ -1,11 +1,11 @@
-"""GRPO / GRPO-RoC on TRL's GRPOTrainer with our rollout layer (paper §2.2; spec §1; frameworks.md §1).
+"""GRPO / GRPO-RoC on TRL's GRPOTrainer with our rollout layer (paper §2.2).
 
 Division of work. TRL 1.16 owns the policy loss, the optimizer, the schedule, logging and checkpointing.
 We own everything before the loss: the multi-turn rollouts (``rollout_func``), the binary reward, the
 GRPO-RoC selection (``selection``), the advantages, and the padded micro-batches (``batch``). TRL's
 ``rollout_func`` is not used because its scoring path needs exactly ``len(prompts)`` rows: it cannot take a
 batch from which whole groups were removed, and it computes ``(r - mean) / (std + 1e-4)`` in float32, whereas
-the spec asks for ``std + 1e-6`` with equal-reward groups forced to exactly 0 (handed case R01).
+verl's GRPO advantage (released code) uses ``std + 1e-6``; equal-reward groups are forced to exactly 0 (case R01).
 
 What TRL does with each micro-batch (trl/trainer/grpo_trainer.py 1.16.0, ``_compute_loss``):
   * ``loss_type="dapo"``: sum over tokens of the clipped surrogate times ``completion_mask * tool_mask``,
@@ -18,7 +18,7 @@ What TRL does with each micro-batch (trl/trainer/grpo_trainer.py 1.16.0, ``_comp
   * num_iterations = 1, so ``old_per_token_logps`` is the detached current log-probability (ratio 1): one
     update per step from the rollouts of that step, as in the released code.
 
-Micro-batches (issue 20). One RL step = one optimizer step: the step's rollouts are generated once, then the
+Micro-batches. One RL step = one optimizer step: the step's rollouts are generated once, then the
 kept trajectories are forwarded and back-propagated in micro-batches of at most ``rl.micro_batch_tokens``
 padded tokens per process (``batch.plan_micro_batches``), gradients accumulating, then one optimizer step.
 TRL's own accumulation (``steps_per_generation`` with ``_buffered_inputs`` split into equal slices, and
@@ -33,7 +33,7 @@ its engine then). TRL's ``num_items_in_batch`` normalisation and its loss are us
 
 A step in which every group was removed (all rewards equal everywhere) makes no forward pass and no optimizer
 update, while the step counter, learning-rate schedule and data position advance and the step is logged with
-``update_skipped: true`` (the released code also skips such steps; spec §1.3). So does a step whose loss or
+``update_skipped: true`` (as released rstar2_agent/rstar2_agent_ray_trainer.py does). So does a step whose loss or
 gradient norm is not finite (``finite_guard``: also ``nonfinite_skipped: true``; several in a row stop the stage).
 """
 

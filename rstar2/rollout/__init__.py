@@ -1,4 +1,4 @@
-"""The rollout layer shared by RL, hard-problem mining and evaluation (paper §2.1, §3.2; spec §2, §4).
+"""The rollout layer shared by RL, hard-problem mining and evaluation (paper §2.1, §3.2).
 
 ``run_rollouts`` builds the agent loop (agent_loop.py), the engines (engines.py; transformers ``generate``
 on the policy by default) and the scheduler (scheduler.py; KV-aware, load-balanced, no per-turn barrier

@@ -1,9 +1,10 @@
-"""The multi-turn agent loop, one trajectory at a time (paper §2.1; spec §2.3-2.5).
+"""The multi-turn agent loop, one trajectory at a time (paper §2.1; released code
+rstar2_agent/rollout/rstar2_agent_loop.py).
 
 A trajectory advances in two awaitable steps that the scheduler composes: ``generate_turn`` (one
 assistant turn from an engine, parsed with the rStar2 rules) and ``run_tool_calls`` (execute the turn's
 calls through a ``ToolRunner`` and append the masked tool-response tokens). The token budget is shared
-by all turns and counts tool-response tokens (spec §2.5); token ids are appended, never re-tokenised.
+by all turns and counts tool-response tokens (as in the released loop); token ids are appended, never re-tokenised.
 Nothing here waits for other trajectories: barriers, if any, belong to the scheduler's static mode.
 """
 
@@ -60,7 +61,7 @@ class RolloutConfig:
     kv_reuse: "hf" engine: keep each trajectory's KV cache across its turns and prefill a group's equal prompts
         once (False: re-prefill the whole context every turn).
     reproducible: the same seed gives the same trajectories whatever the timing of tool calls: deterministic
-        placement and admission (scheduler.py) and per-engine turn rounds (engines.BatchingEngine); issue 22.
+        placement and admission (scheduler.py) and per-engine turn rounds (engines.BatchingEngine).
     precision: "fp32" | "bf16" | "force-bf16" for the "hf" engine (bf16 = a bfloat16 copy of the policy, generated
         under torch.autocast; "bf16" only where the device has native bf16, else float32: rstar2.precision).
     tool: the code tool (``ToolConfig``).
@@ -172,7 +173,7 @@ class Trajectory:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def record(self) -> dict:
-        """The JSON rollout record (DESIGN.md): every turn, each tool call and its status, answer, reward."""
+        """The JSON rollout record (rollouts.jsonl): every turn, each tool call and its status, answer, reward."""
         d = asdict(self)
         for name in ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "key"):
             d.pop(name)
@@ -184,7 +185,7 @@ class Trajectory:
 
 
 class ToolRunner(Protocol):
-    """Executes one tool call. The sandbox service's async client has this shape (issue 3)."""
+    """Executes one tool call. The sandbox service's async client has this shape."""
 
     async def run(self, code: str, stdin: str = "") -> sandbox.ExecResult: ...
 
@@ -207,7 +208,7 @@ def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | N
     ``golds`` (one per trajectory) sets each trajectory's gold first: evaluation rolls out without the answers
     (the policy never sees them) and grades afterwards.
 
-    A truncated trajectory scores 0 and is not graded (spec §1.8), nor is one whose tool call the sandbox could not
+    A truncated trajectory scores 0 and is not graded (paper §4.3.1), nor is one whose tool call the sandbox could not
     serve (``Trajectory.unserved``). ``grading_status`` records the grading pool's status (a timeout scores 0). The others are graded on their final
     assistant turn by ``reward_fn(final_turn, gold) -> {"pred", "reward"}`` or, by default, by
     ``grading.score_trajectory`` in the killable grading workers (``grading_pool.score_many``: a
@@ -252,7 +253,7 @@ def with_earlier_cells(earlier: list[str], code: str) -> str:
 
 
 class AgentLoop:
-    """Per-trajectory steps shared by every scheduler mode and engine (spec §2.5).
+    """Per-trajectory steps shared by every scheduler mode and engine (paper §2.1).
 
     Args:
         tok: the policy tokenizer (``encode``, ``decode``, ``eos_token``, ``eos_token_id``).
@@ -265,7 +266,7 @@ class AgentLoop:
         self._made: Counter = Counter()   # trajectories made per problem id
 
     def new_trajectory(self, problem: dict) -> Trajectory:
-        """A fresh trajectory for ``{"id", "problem", "answer"?, "prompt"?}`` with the rStar2 prompt (spec §2.1), or
+        """A fresh trajectory for ``{"id", "problem", "answer"?, "prompt"?}`` with the rStar2 prompt (paper Fig. 3), or
         with ``prompt``, a complete prompt text, when given (IFEval and BFCL bring their own; rstar2.data), and a key
         no other trajectory of this loop has: ``<problem id>#<n>`` for the n-th sample of that problem (``key``
         instead of the id when the problem has one, e.g. ``<benchmark>/<id>`` where several benchmarks share a
@@ -317,7 +318,7 @@ class AgentLoop:
         return rec
 
     async def run_tool_calls(self, t: Trajectory, calls: list[chat.ToolCall]) -> None:
-        """Execute ``calls`` concurrently and append the masked tool-response turn (spec §2.4-2.5)."""
+        """Execute ``calls`` concurrently and append the masked tool-response turn (paper §2.1)."""
         ok = [c.code for c in calls if c.error is None]
         recs = await asyncio.gather(*(self._run_one(c, ok[: sum(1 for d in calls[:i] if d.error is None)])
                                       for i, c in enumerate(calls)))

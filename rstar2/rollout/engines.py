@@ -1,4 +1,4 @@
-"""Inference engines behind one async interface (paper §3.2; frameworks.md §4).
+"""Inference engines behind one async interface (paper §3.2).
 
 An engine turns a token-id context into the next assistant turn (the ``Engine`` protocol, protocol.py):
 
@@ -56,7 +56,7 @@ class BatchingEngine:
     without continuous batching (``HFEngine``) pays a whole decode for each batch it starts, so starting
     one on the first arrival would split a turn into several sequential batches.
 
-    ``reproducible`` (issue 22): which requests share a batch then depends only on the trajectories, never on
+    ``reproducible``: which requests share a batch then depends only on the trajectories, never on
     when their tool calls finish. The scheduler announces each trajectory it places here (``expect``) and its
     end (``release``); a round starts once every announced trajectory is waiting for its next turn, and runs
     them in announcement order, ``max_batch`` at a time (a per-engine turn barrier). On a CPU a row's tokens
@@ -210,7 +210,7 @@ class HFEngine(BatchingEngine):
     A ``PreTrainedModel`` is decoded by ``hf_cache.decode_cached``: each row leaves the batch when it finishes
     (its stop token or its own token limit); a trajectory's KV cache is kept between its turns (``kv_reuse``), so a
     later turn prefills only its new tokens, and a group's equal prompts are prefilled once. ``kv_reuse=False``
-    decodes every turn from its whole context (``hf_decode.decode_shrinking``; the old path, for comparison).
+    decodes every turn from its whole context (``hf_decode.decode_shrinking``; the baseline to compare with).
     Anything that is not a ``PreTrainedModel`` is driven through its ``generate`` (scripted stand-ins in tests).
 
     Sampling: row i draws token t of its trajectory from the counter-based stream ``(seed, key_i)``

@@ -1,4 +1,4 @@
-"""Decoding that keeps each trajectory's KV cache across turns and prefills a group's shared prompt once (issue 19).
+"""Decoding that keeps each trajectory's KV cache across turns and prefills a group's shared prompt once.
 
 Without it, every turn of a trajectory re-prefills its whole context (system prompt with the tool schema, the
 problem, every earlier turn and tool response), and each of a group's 2G rollouts prefills the same ~400-token

@@ -36,7 +36,7 @@ class TurnRequest(NamedTuple):
 
 def normalise_finish(ids: list[int], finish: str | None, stop: list[int], max_new: int) -> Generation:
     """vLLM/OpenAI finish reasons -> ours. A turn stopped by a stop token ends with that token (servers
-    may leave it out of the ids; it is trained, spec §2.4)."""
+    may leave it out of the ids; it is trained, as in the released code)."""
     if finish == "stop":
         return Generation(ids if ids and ids[-1] in stop else ids + [stop[0]], "stop")
     return Generation(ids[:max_new], "length")

@@ -1,4 +1,4 @@
-"""Rollout scheduling over several inference engines (paper §3.2, Fig. 7; spec §4).
+"""Rollout scheduling over several inference engines (paper §3.2, Fig. 7).
 
 ``balanced`` (the paper's design): admission is KV-aware. A trajectory may grow to prompt + L tokens (L, the
 response budget, counts tool-response tokens too), so admitting it **reserves** that many tokens of its
@@ -15,7 +15,7 @@ the engine is told (``release``) and the queue refills the room at once. An idle
 next queued trajectory while a full one works. Engines without a fixed KV size are limited by
 ``max_inflight`` trajectories only.
 
-``reproducible`` (issue 22): the same trajectories always meet in the same batches. Trajectory j goes to engine
+``reproducible``: the same trajectories always meet in the same batches. Trajectory j goes to engine
 j mod n (no placement by load, which depends on timing), each engine's queue is FIFO, a trajectory is announced
 to its engine (``expect``) when admitted, and a finished trajectory's room is refilled synchronously, inside its
 release, so an engine never sees a gap between one trajectory ending and the next arriving. An engine with

@@ -1,4 +1,4 @@
-"""The environment service: run model-written Python fast, isolated and many at once (paper §3.1; spec §3).
+"""The environment service: run model-written Python fast, isolated and many at once (paper §3.1; code-judge).
 
 Pieces (each its own module):
 

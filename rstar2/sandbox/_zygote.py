@@ -6,7 +6,7 @@ the original stdout. Per request it forks one child that: starts its own session
 rlimits (CPU, address space, processes, file size, open files, no core); works in a private empty directory;
 drops to a per-slot unprivileged uid when the zygote is root; reads stdin from the request; writes
 stdout/stderr to pipes; runs the code in fresh globals and, when nothing was printed, prints the repr of the
-last expression (IPython-style, spec §2.4). The zygote enforces the wall-clock timeout and the output cap by
+last expression (IPython-style, paper §2.1). The zygote enforces the wall-clock timeout and the output cap by
 SIGKILLing the child's process group, then sweeps every process of the slot (escaped daemons) before the slot
 is reused. Config keys: preload (module names), warmup (code run once after the preloads), slots, uid_base (int or
 null), workdir, sweep ("uid" | "pidns" | "none"), private_tmp (a mount namespace per call whose /tmp is the

@@ -2,7 +2,7 @@
 
 Every tool call is awaited on its own, but calls are grouped: a send worker takes up to ``batch_size``
 (paper: 64) queued calls, dispatching when the batch is full or ``batch_timeout_s`` after its first call,
-and waits for that batch's results before taking the next (spec §3.3 describes the released version). On
+and waits for that batch's results before taking the next (released: rstar2_agent/tools/request_processor.py). On
 a local pool each call's result is handed back as soon as it is ready; over HTTP, with the whole batch.
 Batches go to a local :class:`~rstar2.sandbox.pool.Pool` or, with ``url``, to the HTTP service
 (:mod:`rstar2.sandbox.service`, code-judge's ``/run/long-batch`` shape).

@@ -1,6 +1,6 @@
 """Which isolation the sandbox can use here, and the command that starts one zygote inside it (paper §3.1).
 
-Modes, strongest first (measured on this project's machines: reference/sandbox_notes.md §3):
+Modes, strongest first (measured on this project's machines):
 
 - ``bwrap``: the zygote runs under bubblewrap in new network, mount, pid, ipc and uts namespaces. The
   only host paths visible are ``/usr``, the Python installation, the virtual environment, directories a

@@ -1,7 +1,7 @@
 """Executor pool: warm fork-server workers ("zygotes") that run tool calls in forked, isolated children.
 
-Paper §3.1 (execution workers on CPU nodes, isolated from the trainer); reference/sandbox_notes.md
-recommends this shape: one zygote per spare core, each inside one bubblewrap sandbox, one forked child per
+Paper §3.1 (execution workers on CPU nodes, isolated from the trainer); this project's sandbox measurements
+chose this shape: one zygote per spare core, each inside one bubblewrap sandbox, one forked child per
 call. The host side here only moves JSON lines: every process that touches model-written code lives in the
 zygote's sandbox. A zygote that dies or stops answering (host deadline = call timeout + ``grace_s``) is
 killed with its whole sandbox and replaced; its in-flight calls come back as ``error`` results.
@@ -30,7 +30,7 @@ from .results import ExecResult, SandboxLimits
 
 log = logging.getLogger("rstar2.sandbox")
 
-# The math stack a model's code usually imports (spec §3.2: numpy, scipy, sympy); importing it once in the
+# The math stack a model's code usually imports (paper §2.1: numpy, scipy, sympy); importing it once in the
 # zygote is what makes a sympy+numpy call cost a fork instead of ~0.7 s of imports.
 LEAN_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "heapq",
                 "bisect", "statistics", "random", "re", "string", "json")
@@ -38,7 +38,7 @@ DEFAULT_PRELOAD = LEAN_PRELOAD + ("numpy", "sympy", "scipy", "scipy.special", "s
                                   "scipy.linalg", "matplotlib", "matplotlib.pyplot")
 # A fork and the child's exit cost time in proportion to the pages the zygote maps (page tables copied, then
 # unmapped), so zygotes come in three sizes and each call goes to the smallest that already holds what its
-# code names (reference/sandbox_notes.md: "run two pools"; measured on 2 cores, fork + sympy snippet + exit:
+# code names (measured on 2 cores, fork + sympy snippet + exit:
 # 6.9 ms from a numpy+sympy zygote of 64 MB, 10.0 ms from one that also holds scipy and matplotlib, 143 MB).
 SCI_PRELOAD = LEAN_PRELOAD + ("numpy", "numpy.random", "sympy", "mpmath")  # numpy.random is lazy in numpy 2
 _SCI = re.compile(r"\b(numpy|sympy|mpmath|gmpy2)\b")

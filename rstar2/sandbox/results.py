@@ -1,4 +1,5 @@
-"""Structured results, limits and the text the model sees (paper §2.1; spec §2.4, §3.2)."""
+"""Structured results, limits and the text the model sees (paper §2.1; code-judge; released code
+rstar2_agent/tools/code_judge_utils.py)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def truncate_middle(text: str, max_chars: int) -> str:
 
 
 def render_result(res: ExecResult, max_chars: int = 256) -> str:
-    """The text the model sees in ``<tool_response>``, rendered from the structured result (spec §2.4)."""
+    """The text the model sees in ``<tool_response>``, rendered from the structured result (paper §2.1)."""
     if res.status == "ok":
         text = res.stdout if res.stdout.strip() else "(no output)"
     elif res.status == "timeout":

@@ -1,6 +1,6 @@
 """Service mode for scale-out: an HTTP API in front of a Redis work queue shared by workers on any node.
 
-The shape follows code-judge (spec §3.2), which rStar2-Agent's released client talks to, so existing
+The shape follows code-judge, which rStar2-Agent's released client talks to, so existing
 deployments interoperate:
 
 - ``POST /run/long-batch`` takes ``{"type": "batch", "submissions": [{"type": "python", "solution": code,

@@ -1,4 +1,4 @@
-"""Evaluation with the training agent loop and grader (paper §5.1; spec §6): avg@k pass@1 per benchmark.
+"""Evaluation with the training agent loop and grader (paper §5.1): avg@k pass@1 per benchmark.
 
 The paper's protocol: the Fig. 3 prompt with the tool, temperature 0.6, at most 30K tokens and 30 turns,
 16 samples per problem; reported as avg@16 pass@1 and the mean response length. We add the unbiased pass@k,
@@ -148,7 +148,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     """Evaluate one model on every configured benchmark.
 
     Answer-graded benchmarks (integer / math / choice) follow the paper's math protocol (params ``k``,
-    temperature, turns). IFEval and BFCL follow theirs (paper §5.1, spec §6.1: each benchmark's template,
+    temperature, turns). IFEval and BFCL follow theirs (paper §5.1: each benchmark's template,
     temperature 0): one greedy sample per problem, one turn (a BFCL call is checked, never executed), the
     response checked by the field's reference checker (grading.ifeval, grading.bfcl).
 

@@ -1,4 +1,4 @@
-"""Hard-problem mining for RL stage 3 (paper §4.3; spec §5.4): k rollouts per problem with the stage-2
+"""Hard-problem mining for RL stage 3 (paper §4.3, Table 2): k rollouts per problem with the stage-2
 policy; keep the problems not solved k out of k (paper: k = 8 over all 42K, leaving 17.3K), and, with
 ``min_passes`` > 0, solved at least that many times (problems the policy solves sometimes)."""
 

@@ -1,5 +1,5 @@
 """Stage ``rl_data``: the prompt-length filter and label verification, the last steps of the RL data funnel
-(paper §4.2; spec §5.3 step 2; prompt length: spec §2.1).
+(paper §4.2; prompt length: released code rstar2_agent/main_rstar2_agent.py).
 
 Prompt length first (rstar2/data/prompt_length.py): with ``max_prompt_tokens`` set, problems whose rendered RL
 prompt (tool schema included) is longer in the policy's tokenizer are dropped (the released code: 2048), so no

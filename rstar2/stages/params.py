@@ -1,4 +1,4 @@
-"""Each stage's parameters: one dataclass per stage, built from the validated config (issue 18).
+"""Each stage's parameters: one dataclass per stage, built from the validated config.
 
 The workflow (``workflow/rules/common.smk``) validates the config against ``workflow/schemas/config.schema.yaml``,
 which fills every default, then calls the builders below; each rule passes its stage ``to_json(builder(config))``
@@ -312,7 +312,7 @@ def rl(config: dict, stage: str, ablation: tuple[str, int] | None = None) -> RLP
         # name stays rl_stage1: the data order derives from (seed, name), so both modes see the same prompts
         mode, seed, steps = ablation[0], int(ablation[1]), ab["steps"] or steps
         ho.update({k: ab[f"heldout_{k}"] for k in ("every", "limit") if ab[f"heldout_{k}"] is not None})
-        # the ablation's own token and turn budget (issue 23: a recovered trajectory needs room for two calls)
+        # the ablation's own token and turn budget (a recovered trajectory needs room for two calls)
         st = {**st, **{k: ab[k] for k in ("max_response_tokens", "max_turns") if ab[k] is not None}}
     heldout = None
     if ho["benchmark"]:

@@ -21,7 +21,7 @@ PROTECTED_GRPO_FIELDS = frozenset({"per_device_train_batch_size", "gradient_accu
 
 
 def grpo_config(p: RLParams, output_dir: str, seed: int, num_processes: int = 1):
-    """TRL ``GRPOConfig`` of an RL stage (paper §4.3, §5.1; spec §5.5): AdamW (Trainer default), constant LR
+    """TRL ``GRPOConfig`` of an RL stage (paper §4.3, §5.1): AdamW (Trainer default), constant LR
     after ``warmup_steps`` linear warm-up steps, clip [1 - clip_low, 1 + clip_high], no KL, no entropy bonus,
     token-level (dapo) loss, one update per step, weight decay 0.01 and gradient clipping 1.0 (released code).
     gradient_accumulation_steps stays 1: RoCGRPOTrainer accumulates over its own micro-batches

@@ -1,4 +1,4 @@
-"""Stage ``rl_candidates`` (CLI ``rstar2 rl-data``): curate the RL training problems (spec §5.3) and record
+"""Stage ``rl_candidates`` (CLI ``rstar2 rl-data``): curate the RL training problems (paper §4.2) and record
 the funnel. Label verification (stages/label_verification.py, rule ``rl_data``) runs on its output.
 
 Outputs in ``out_dir``:

@@ -1,4 +1,4 @@
-"""Non-reasoning SFT cold start (paper §4.1, §5.1; spec §5.2) with TRL's SFTTrainer.
+"""Non-reasoning SFT cold start (paper §4.1, §5.1) with TRL's SFTTrainer.
 
 Conversations are tokenised by ``chat.encode_conversation`` (the same segments as RL rollouts), so the
 loss covers assistant tokens only, each turn's ``<|im_end|>`` included, and tool responses are masked.

@@ -1,4 +1,4 @@
-"""Stage ``sft_data``: the non-reasoning SFT cold-start set in the rStar2 wire format (spec §5.2).
+"""Stage ``sft_data``: the non-reasoning SFT cold-start set in the rStar2 wire format (paper §4.1).
 
 The paper's cold start teaches instruction following, JSON function calling and basic coding-tool use, and
 deliberately contains **no math reasoning traces**. Its data was not released; ``sft_data.sources`` lists what

@@ -1,4 +1,4 @@
-"""SFT cold-start sources (spec §5.2): each row of a source, whatever its format, becomes a conversation in the
+"""SFT cold-start sources (paper §4.1): each row of a source, whatever its format, becomes a conversation in the
 rStar2 wire format (rstar2/chat.py), or is dropped under a counted reason.
 
 Modules: ``sources`` (spec checks, reading through rstar2/data/loaders.py, sampling, the per-source loop),

@@ -1,4 +1,4 @@
-"""Format ``alpaca``: instruction following (spec §5.2), one user turn and one direct answer, with the python
+"""Format ``alpaca``: instruction following (paper §4.1), one user turn and one direct answer, with the python
 tool offered in the system prompt but not used, so the model also learns to answer without calling it.
 
 Fields: ``instruction`` (required), ``input`` (optional; appended after a blank line), ``output`` (required).

@@ -1,5 +1,5 @@
 """What every SFT source shares: the drop and error signals, the short reason sentences, the assistant-turn
-builders, the system prompt, the sandbox runner and the final row check (spec §5.2; wire format rstar2/chat.py).
+builders, the system prompt, the sandbox runner and the final row check (paper §4.1; wire format rstar2/chat.py).
 
 Assistant turns are non-reasoning: ``<reason>{one templated sentence}</reason>\\n`` then either one
 ``<tool_call>`` block or ``<answer>{text}</answer>``. The sentence is drawn from the fixed lists below with a

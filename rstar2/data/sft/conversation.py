@@ -1,5 +1,5 @@
 """The conversation builder the chat formats share (``messages``, ``sharegpt``): a list of turns in, rStar2
-wire-format messages out (spec §5.2 function calling; rstar2/chat.py).
+wire-format messages out (paper §4.1 function calling; rstar2/chat.py).
 
 A converter turns a row into ``(kind, value)`` turns: ``system`` (the row's own system text), ``user``,
 ``assistant`` (a reply), ``call`` (value ``(name, arguments dict)``, or the :class:`Drop` its parsing raised,

@@ -11,7 +11,7 @@ drops like any source's. To add a kind, write such a function and register it he
   is dropped (``unexpected_output``).
 * ``recovery`` (:mod:`.recovery`): the same kind of string tasks, but the first call fails for a real reason
   (NameError, SyntaxError, AttributeError, EOFError, TypeError, or a call that is not valid JSON), the model
-  reads the real traceback or parser error, and a corrected, self-contained call succeeds (issue 23: gives
+  reads the real traceback or parser error, and a corrected, self-contained call succeeds (this gives
   GRPO-RoC correct trajectories with failed calls to choose between).
 """
 

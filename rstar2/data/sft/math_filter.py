@@ -1,4 +1,4 @@
-"""The math filter of the SFT cold start (spec §5.2: the cold start holds no math reasoning traces).
+"""The math filter of the SFT cold start (paper §4.1: the cold start holds no math reasoning traces).
 
 Conservative: a false positive only costs a row. A prompt is "math" if it (1) contains an arithmetic expression
 (``\\d [+*×÷^=] \\d``, spaced ``- x /`` between numbers, ``2x + ...``, ``x^2`` or ``15% of 500``), (2) starts

@@ -1,5 +1,5 @@
 """Format ``messages``: OpenAI chat messages with ``tools`` and ``tool_calls`` (Tulu 3, most recent SFT sets;
-spec §5.2).
+paper §4.1).
 
 Fields: ``messages`` (required: a list of ``{"role", "content"}``, as a list or JSON text), ``tools`` (optional:
 OpenAI tool schemas ``{"type": "function", "function": {...}}`` or bare function schemas, as a list or JSON
@@ -11,7 +11,7 @@ message. ``content`` may be text, null (an assistant message that only calls) or
 An assistant message's ``tool_calls`` (``{"id", "function": {"name", "arguments"}}``, arguments as JSON text
 or an object; the legacy ``function_call`` too) become one call turn each, its text is not kept. The tool
 messages after it are paired with the calls (by ``tool_call_id`` when every one has it, else in order), so
-two parallel calls become call, result, call, result: one call per turn (spec §2.3). A count that does not
+two parallel calls become call, result, call, result: one call per turn, as in RL. A count that does not
 match leaves the order broken (``malformed``). Conversion and drops: :mod:`rstar2.data.sft.conversation`;
 also ``bad_tools`` and ``bad_function_call``.
 """

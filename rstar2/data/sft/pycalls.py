@@ -1,5 +1,5 @@
 """Python code inside source rows: the AST parser of GPTeacher Toolformer's inline ``python('...')`` calls, the
-import fixer, and the static checks that keep re-executed code deterministic (spec §5.2 coding-tool use).
+import fixer, and the static checks that keep re-executed code deterministic (paper §4.1 coding-tool use).
 
 * :func:`find_python_calls` locates each inline ``python('...')`` with :mod:`ast` (the shortest
   ``python(...)`` slice that parses as a call with one argument, so quotes and parentheses inside the code are

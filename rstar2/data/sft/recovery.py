@@ -1,9 +1,9 @@
 """Generated SFT kind ``recovery``: string tasks whose first tool call fails for a real reason and whose
-second, corrected call succeeds (issue 23; the paper's models recover from failed calls, §2.2, Fig. 4).
+second, corrected call succeeds (the paper's models recover from failed calls, §2.2, Fig. 4).
 
 Why: GRPO-RoC prefers, among correct trajectories, those with clean tool calls. A cold start that never
 recovers from a failed call gives it nothing to choose between: every correct trajectory is then clean, and
-the GRPO / GRPO-RoC ablation cannot separate the modes (measured in issue 9's ablation). These rows teach
+the GRPO / GRPO-RoC ablation cannot separate the modes (as measured). These rows teach
 the recovery turn, on the same non-math string tasks as ``string_tools`` (:mod:`rstar2.data.string_tools`).
 
 One row: the RL prompt; a call with one injected mistake; the tool response the RL loop really shows for it

@@ -1,5 +1,5 @@
 """Format ``sharegpt``: ShareGPT / glaive function calling (``conversations`` of ``{from, value}`` turns, a
-``tools`` JSON list), as LLaMA-Factory, glaive-function-calling-v2, APIGen-MT and ToolACE write it (spec §5.2).
+``tools`` JSON list), as LLaMA-Factory, glaive-function-calling-v2, APIGen-MT and ToolACE write it (paper §4.1).
 
 Fields: ``conversations`` (required), ``tools`` (optional: a JSON string or a list of function schemas, bare
 or as ``{"type": "function", "function": ...}``), ``system`` (optional: the row's system text, kept after the

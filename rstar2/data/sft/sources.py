@@ -1,4 +1,4 @@
-"""One SFT source from its spec to counted, converted rows (spec §5.2): checks the spec, reads the file or hub
+"""One SFT source from its spec to counted, converted rows (paper §4.1): checks the spec, reads the file or hub
 dataset through :mod:`rstar2.data.loaders` (file types, ``hub:`` ids, dotted field paths, filters), samples
 ``limit`` rows, converts each with its format's module, runs the Python calls in the sandbox and counts every
 drop under its reason.

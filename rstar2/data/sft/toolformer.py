@@ -1,5 +1,5 @@
 """Format ``toolformer``: GPTeacher Toolformer rows whose inline ``python('...')`` calls become real calls of
-the rStar2 code tool, with tool responses from really running the code in the sandbox (spec §5.2 basic
+the rStar2 code tool, with tool responses from really running the code in the sandbox (paper §4.1 basic
 coding-tool use). The rows record no tool output, so the source must set ``execute: true``.
 
 Fields: ``instruction`` (required; "toolformer: enabled\\ntoolformer access: <tools>\\n<description>\\n<signature>
@@ -7,7 +7,7 @@ Fields: ``instruction`` (required; "toolformer: enabled\\ntoolformer access: <to
 a blank line), ``response`` (required; text with inline calls).
 
 Conversion: system = the python tool offered; user = the task; one assistant call turn and one tool turn per
-inline call (exactly one call per turn: the RL loop runs only a turn's first call, spec §2.3); the final answer
+inline call (exactly one call per turn: the RL loop runs only a turn's first call); the final answer
 is the response with each call replaced by its real output (a ``repr``'d string shown unquoted; multi-line
 output in a fenced block; for "write code" tasks the code too, then its output). Code using ``math.`` and
 friends without importing them gets the import prepended; the tool call shows the code exactly as it ran.
