@@ -32,17 +32,18 @@ def _resume_dir(out: Path) -> Path:
     return out.parent / "checkpoints" / out.name
 
 
-def _open_results(out: Path, params: dict, benches) -> None:
-    """Per-problem results are reused on resume only if they were made with the same params. They are declared
-    outputs, which Snakemake deletes before rerunning a killed job, so each keeps a second name in
-    ``_resume_dir`` (``io.keep_resumable``), removed after the manifest."""
-    links = _resume_dir(out)
-    links.mkdir(parents=True, exist_ok=True)
-    stamp = links / "params_digest.txt"
-    fresh = not stamp.exists() or stamp.read_text().strip() != digest(params)
+def _open_results(out: Path, params: dict, model_dir: str, benches) -> None:
+    """Per-problem results are reused on resume only if they were made with the same params and model (its files'
+    names, sizes and mtimes). They are declared outputs, which Snakemake deletes before rerunning a killed job, so
+    each keeps a second name in ``_resume_dir`` (``io.keep_resumable``), removed after the manifest."""
+    model = sorted((str(f.relative_to(model_dir)), f.stat().st_size, f.stat().st_mtime_ns)
+                   for f in Path(model_dir).rglob("*") if f.is_file()) if Path(model_dir).is_dir() else model_dir
+    out.mkdir(parents=True, exist_ok=True)
+    stamp, made_by = out / "params_digest.txt", digest({"params": params, "model": model})
+    fresh = not stamp.exists() or stamp.read_text().strip() != made_by
     for bench in benches:
-        keep_resumable(out / bench / "per_problem.jsonl", links / bench / "per_problem.jsonl", fresh)
-    stamp.write_text(digest(params) + "\n")
+        keep_resumable(out / bench / "per_problem.jsonl", _resume_dir(out) / bench / "per_problem.jsonl", fresh)
+    stamp.write_text(made_by + "\n")
 
 
 def _first_per_group(probs: list[dict], limit: int) -> list[dict]:
@@ -173,7 +174,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     ev = parse(EvaluateParams, params, "evaluate params")
     out = Path(out_dir)
     problems = _load_problems(ev)           # data errors first, before the model is loaded
-    _open_results(out, to_dict(ev), problems)
+    _open_results(out, to_dict(ev), model_dir, problems)
     model, tok = models.load(model_dir)
     base = ev.rollout
     plans = {"answer": (base, ev.k),     # checked kinds: greedy, one sample, one turn
