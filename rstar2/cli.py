@@ -27,18 +27,22 @@ def _params(text: str) -> dict:
     return _json_object(text, "--params")
 
 
+# Earlier names of subcommands, still accepted (scripts written for them keep working).
+ALIASES = {"rl-data": ["label-verification"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rstar2", description=__doc__)
     sub = parser.add_subparsers(dest="stage", required=True)
     specs = {
-        "base-model": [], "sft-data": [], "rl-data": [],
+        "base-model": [], "sft-data": [], "rl-candidates": [],
         "sft": ["--model", "--data"], "rl": ["--model", "--data"], "hard-problems": ["--model", "--data"],
-        "evaluate": ["--model", "--name"], "report": ["--inputs"], "label-verification": ["--data", "--funnel"],
+        "evaluate": ["--model", "--name"], "report": ["--inputs"], "rl-data": ["--data", "--funnel"],
     }
-    # the workflow rule each subcommand runs (two names differ: the curation funnel came before label verification)
+    # the workflow rule each subcommand runs: the same name (stages/<name>.py), "-" for "_"
     rules = {"base-model": "base_model: the base model folder", "sft-data": "sft_data: the cold-start SFT data",
-             "rl-data": "rl_candidates: the RL curation funnel up to label verification",
-             "label-verification": "rl_data: label verification, the final RL set",
+             "rl-candidates": "rl_candidates: the RL curation funnel up to label verification",
+             "rl-data": "rl_data: prompt length and label verification, the final RL set",
              "sft": "sft: the non-reasoning cold start", "rl": "rl: one RL stage or ablation run (GRPO-RoC)",
              "hard-problems": "hard_problems: mine problems not always solved", "evaluate": "evaluate: one model",
              "report": "report: the summary, figures and HTML"}
@@ -46,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
              "--name": "the evaluated model's label (e.g. sft, rl_stage3)", "--funnel": "rl_candidates' funnel.json",
              "--inputs": "JSON object of the report's input folders by name"}
     for name, extra in specs.items():
-        p = sub.add_parser(name, help=f"rule {rules[name]}", description=f"Workflow rule {rules[name]}.")
+        p = sub.add_parser(name, help=f"rule {rules[name]}", description=f"Workflow rule {rules[name]}.",
+                           aliases=ALIASES.get(name, []))
         p.add_argument("--params", required=True, type=_params, help="the stage's config section as JSON")
         p.add_argument("--out", required=True, help="the stage's output folder")
         for flag in extra:
@@ -58,12 +63,13 @@ def main(argv: list[str] | None = None) -> int:
                            help="steps between resumable checkpoints (rl.checkpoint_every), set over --params' value; "
                                 "default: $RSTAR2_CHECKPOINT_EVERY, where the workflow puts it so that changing it "
                                 "reruns no finished stage")
-        if name == "label-verification":
+        if name == "rl-data":
             p.add_argument("--model", default=None, help="verifier model folder (only when enabled)")
             p.add_argument("--tokenizer", default=None, help="policy model folder whose tokenizer measures prompts "
                                                              "(only with max_prompt_tokens)")
     _reproduce_parsers(sub)
     a = parser.parse_args(argv)
+    a.stage = next((name for name, old in ALIASES.items() if a.stage in old), a.stage)
     if a.stage in ("compare-runs", "reproduce"):
         return _reproduce(a)
     from .faults import StageFault
@@ -142,12 +148,12 @@ def _dispatch(a: argparse.Namespace) -> None:
     elif a.stage == "sft-data":
         from .stages import sft_data
         sft_data.run(a.params, a.out)
+    elif a.stage == "rl-candidates":
+        from .stages import rl_candidates
+        rl_candidates.run(a.params, a.out)
     elif a.stage == "rl-data":
         from .stages import rl_data
-        rl_data.run(a.params, a.out)
-    elif a.stage == "label-verification":
-        from .stages import label_verification
-        label_verification.run(a.params, a.data, a.funnel, a.out, model_dir=a.model, tokenizer_dir=a.tokenizer)
+        rl_data.run(a.params, a.data, a.funnel, a.out, model_dir=a.model, tokenizer_dir=a.tokenizer)
     elif a.stage == "sft":
         from .stages import sft
         sft.run(a.params, a.model, a.data, a.out)

@@ -291,3 +291,29 @@ def test_trainer_overrides_reach_trl_and_typos_are_errors(tmp_path):
     locked = workflow_config({"rl": {"trainer_overrides": {"num_iterations": 2}}})
     with pytest.raises(ValueError, match="cannot be overridden"):
         grpo_config(P.rl(locked, "stage1"), str(tmp_path), seed=0)
+
+
+def test_rule_subcommand_and_module_share_one_name():
+    """Every rule runs `rstar2 <name>` (the rule's name, "-" for "_"), which runs stages/<name>.py. The only rules of
+    other names are second instances of a stage: the verifier model (a base model) and the RL rule that also keeps
+    its optimizer state."""
+    import re
+
+    from rstar2 import cli
+
+    root = Path(__file__).resolve().parents[1]
+    instances = {"verifier_model": "base_model", "rl_keeping_optimizer": "rl"}
+    rules = "".join(p.read_text() for p in sorted((root / "workflow" / "rules").glob("*.smk")))
+    # a shell command starts `rstar2 <sub>`, or launch("<family>") + " <sub>" for the training rules
+    ran = dict(re.findall(r'^\s*rule (\w+):(?:\n(?!\s*rule ).*)*?(?:rstar2 |\) \+ " )([a-z-]+) --params', rules, re.M))
+    used = re.findall(r"^use rule (\w+) as (\w+)", rules, re.M)
+    assert used == [("rl", "rl_keeping_optimizer")]
+    ran["rl_keeping_optimizer"] = ran["rl"]
+    assert len(ran) == 11, ran
+    dispatch = (root / "rstar2" / "cli.py").read_text()
+    for rule, sub in ran.items():
+        stage = instances.get(rule, rule)
+        assert sub == stage.replace("_", "-"), (rule, sub)
+        assert (root / "rstar2" / "stages" / f"{stage}.py").is_file(), stage
+        assert re.search(rf'a\.stage == "{sub}":\n\s+from \.stages import {stage}\n', dispatch), sub
+    assert cli.ALIASES == {"rl-data": ["label-verification"]}

@@ -13,7 +13,7 @@ from rstar2.data import (BUNDLED_SOURCES, DEFAULT_BENCHMARKS, WORKING_DIR, class
                          load_benchmark, load_source, normalize_integer_answer)
 from rstar2.data.curate import curate
 from rstar2.io import read_json, read_jsonl
-from rstar2.stages import rl_data
+from rstar2.stages import rl_candidates
 from conftest import stage_params
 
 
@@ -184,7 +184,7 @@ def test_custom_csv_with_other_column_names_through_a_spec(tmp_path):
     assert [r["id"] for r in loaded] == ["custom-a", "custom-b", "custom-d"]
     assert loaded[0]["answer_raw"] == "006"  # read as text: no dtype guessing turns "006" into 6
     out = tmp_path / "out"
-    rl_data.run(_rl_data(sources=[spec], decontaminate_against=["aime24"], ngram=8, max_abs_answer=10**6), str(out))
+    rl_candidates.run(_rl_data(sources=[spec], decontaminate_against=["aime24"], ngram=8, max_abs_answer=10**6), str(out))
     train = read_jsonl(out / "train.jsonl")
     assert [(r["id"], r["answer"]) for r in train] == [("custom-a", "6"), ("custom-b", "1000")]
     assert (out / "funnel.csv").read_text().splitlines() == [
@@ -324,8 +324,8 @@ def test_rl_data_limit_is_a_seeded_sample(tmp_path):
                   "a": [str(i) for i in range(50)]}).to_csv(csv, index=False)
     params = _rl_data(sources=[{"name": "many", "path": str(csv), "fields": {"problem": "q", "answer": "a"}}],
                       decontaminate_against=[], max_abs_answer=100, limit=10, seed=3)
-    rl_data.run(params, str(tmp_path / "a"))
-    rl_data.run(params, str(tmp_path / "b"))
+    rl_candidates.run(params, str(tmp_path / "a"))
+    rl_candidates.run(params, str(tmp_path / "b"))
     a, b = read_jsonl(tmp_path / "a" / "train.jsonl"), read_jsonl(tmp_path / "b" / "train.jsonl")
     assert a == b and len(a) == 10
     assert [r["id"] for r in a] != [f"many-{i}" for i in range(10)]  # shuffled, not the head
@@ -337,7 +337,7 @@ def test_rl_data_rejects_unknown_benchmark(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmarks"):
         params = _rl_data(sources=[{"name": "x", "path": "x.csv", "fields": {"problem": "p", "answer": "a"}}],
                           decontaminate_against=[], max_abs_answer=10)
-        rl_data.run({**params, "decontaminate_against": ["hmmt25"]}, str(tmp_path))
+        rl_candidates.run({**params, "decontaminate_against": ["hmmt25"]}, str(tmp_path))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -458,7 +458,7 @@ def test_prompt_length_counts_the_prompt_a_rollout_starts_from(qwen_tokenizer):
 
 def test_prompt_length_keeps_exactly_max_tokens_and_drops_one_more(tmp_path, qwen_tokenizer):
     from rstar2.data.curate import format_funnel
-    from rstar2.stages import label_verification
+    from rstar2.stages import rl_data
 
     tool = {"name": "execute_python_code_with_standard_io"}
     short, longer, n = _pair_at_the_boundary(qwen_tokenizer, tool["name"])
@@ -475,7 +475,7 @@ def test_prompt_length_keeps_exactly_max_tokens_and_drops_one_more(tmp_path, qwe
     def params(max_tokens):
         return stage_params("label_verification", overrides={"tool": tool, "rl_data": {"max_prompt_tokens": max_tokens},
                                                              "label_verification": {"enabled": False}})
-    label_verification.run(params(n), str(data), str(funnel_in), str(out), tokenizer=qwen_tokenizer)
+    rl_data.run(params(n), str(data), str(funnel_in), str(out), tokenizer=qwen_tokenizer)
     assert [r["id"] for r in read_jsonl(out / "train.jsonl")] == ["p-0", "q-0"]
     funnel = read_json(out / "funnel.json")
     assert funnel["steps"] == ["loaded", "prompt_length", "label_verification"]
@@ -489,12 +489,12 @@ def test_prompt_length_keeps_exactly_max_tokens_and_drops_one_more(tmp_path, qwe
     assert "prompt_length" in text.splitlines()[0] and f"longest {n + 1}, limit {n}, 1 dropped" in text
     assert read_json(out / "manifest.json")["counts"]["prompt_too_long"] == 1
     # one token more allowed: nothing is dropped; no limit: the step is recorded as skipped
-    label_verification.run(params(n + 1), str(data), str(funnel_in), str(tmp_path / "wide"), tokenizer=qwen_tokenizer)
+    rl_data.run(params(n + 1), str(data), str(funnel_in), str(tmp_path / "wide"), tokenizer=qwen_tokenizer)
     assert len(read_jsonl(tmp_path / "wide" / "train.jsonl")) == 3
-    label_verification.run(params(None), str(data), str(funnel_in), str(tmp_path / "off"))
+    rl_data.run(params(None), str(data), str(funnel_in), str(tmp_path / "off"))
     assert read_json(tmp_path / "off" / "funnel.json")["step_status"]["prompt_length"] == "skipped"
     with pytest.raises(ValueError, match="no tokenizer folder"):
-        label_verification.run(params(n), str(data), str(funnel_in), str(tmp_path / "none"))
+        rl_data.run(params(n), str(data), str(funnel_in), str(tmp_path / "none"))
 
 
 def test_prompt_length_reads_the_tokenizer_from_the_base_model_folder(tmp_path, qwen_tokenizer):
@@ -511,7 +511,7 @@ def test_prompt_length_reads_the_tokenizer_from_the_base_model_folder(tmp_path, 
                                      "decontamination": {}}))
     params = stage_params("label_verification", overrides={"rl_data": {"max_prompt_tokens": 2048},
                                                            "label_verification": {"enabled": False}})
-    assert main(["label-verification", "--params", json.dumps(params), "--data", str(data), "--funnel",
+    assert main(["rl-data", "--params", json.dumps(params), "--data", str(data), "--funnel",
                  str(funnel_in), "--tokenizer", str(folder), "--out", str(tmp_path / "out")]) == 0
     funnel = read_json(tmp_path / "out" / "funnel.json")
     assert funnel["step_status"]["prompt_length"] == "done" and 200 < funnel["prompt_length"]["longest"] < 2048

@@ -10,7 +10,7 @@ from conftest import stage_params
 import torch
 
 from rstar2.io import read_json, read_jsonl, write_json, write_jsonl
-from rstar2.stages import hard_problems, label_verification
+from rstar2.stages import hard_problems, rl_data
 
 ROLLOUT = {"max_response_tokens": 64, "max_turns": 2, "temperature": 1.0, "top_p": 1.0, "batch_size": 64}
 
@@ -57,7 +57,7 @@ def test_keeps_problems_whose_label_is_matched_at_least_min_matches_times(tmp_pa
     verifier = CyclingVerifier(qwen_tokenizer, [7, 7, 9, 9, 5, 8, 8, 8, 3, 3, 3, 3])
     params = _lv(enabled=True, samples=4, min_matches=2)
     out = tmp_path / "out"
-    label_verification.run(params, str(data), str(funnel), str(out), model_and_tokenizer=(verifier, qwen_tokenizer))
+    rl_data.run(params, str(data), str(funnel), str(out), model_and_tokenizer=(verifier, qwen_tokenizer))
 
     assert [r["id"] for r in read_jsonl(out / "train.jsonl")] == ["pool-0"]
     verified = {v["id"]: v for v in read_jsonl(out / "verification.jsonl")}
@@ -84,7 +84,7 @@ def test_only_sources_limits_verification(tmp_path, qwen_tokenizer):
     f["per_source"]["trusted"] = {"loaded": 1, "decontaminate": 1}
     write_json(funnel, f)
     params = _lv(enabled=True, samples=2, min_matches=2, only_sources=["pool"])
-    label_verification.run(params, str(data), str(funnel), str(tmp_path / "out"),
+    rl_data.run(params, str(data), str(funnel), str(tmp_path / "out"),
                            model_and_tokenizer=(CyclingVerifier(qwen_tokenizer, [9]), qwen_tokenizer))
     assert [r["id"] for r in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["trusted-0"]
     assert [v["id"] for v in read_jsonl(tmp_path / "out" / "verification.jsonl")] == ["pool-0"]
@@ -93,7 +93,7 @@ def test_only_sources_limits_verification(tmp_path, qwen_tokenizer):
 def test_disabled_passes_rows_through_as_a_skipped_step(tmp_path):
     data, funnel = _candidates(tmp_path, {0: "7", 1: "5"})
     out = tmp_path / "out"
-    label_verification.run(_lv(enabled=False, samples=16, min_matches=2), str(data), str(funnel), str(out))
+    rl_data.run(_lv(enabled=False, samples=16, min_matches=2), str(data), str(funnel), str(out))
     assert read_jsonl(out / "train.jsonl") == read_jsonl(data)
     assert not (out / "verification.jsonl").exists()
     f = read_json(out / "funnel.json")
@@ -105,10 +105,10 @@ def test_disabled_passes_rows_through_as_a_skipped_step(tmp_path):
 def test_enabled_without_a_model_or_with_bad_counts_is_an_error(tmp_path):
     data, funnel = _candidates(tmp_path, {0: "7"})
     with pytest.raises(ValueError, match="no verifier model"):
-        label_verification.run(_lv(enabled=True, samples=4, min_matches=2), str(data), str(funnel),
+        rl_data.run(_lv(enabled=True, samples=4, min_matches=2), str(data), str(funnel),
                                str(tmp_path / "o"))
     with pytest.raises(ValueError, match="min_matches"):
-        label_verification.run(_lv(enabled=True, samples=2, min_matches=3), str(data), str(funnel),
+        rl_data.run(_lv(enabled=True, samples=2, min_matches=3), str(data), str(funnel),
                                str(tmp_path / "o"))
 
 

@@ -1,124 +1,148 @@
-"""Stage ``rl_candidates`` (CLI ``rstar2 rl-data``): curate the RL training problems (paper §4.2) and record
-the funnel. Label verification (stages/label_verification.py, rule ``rl_data``) runs on its output.
+"""Stage ``rl_data`` (rule and CLI ``rstar2 rl-data``; ``label-verification`` is an alias): the prompt-length filter and label verification, the last steps of the RL data funnel
+(paper §4.2; prompt length: released code rstar2_agent/main_rstar2_agent.py).
 
-Outputs in ``out_dir``:
-    train.jsonl    one row per problem: {"id", "source", "problem", "answer" (int as str), "answer_raw"}
-                   (+ "origin", "language" when the source maps them)
-    funnel.json    the curation funnel (see rstar2.data.curate.curate), plus the optional "limit" step
-    funnel.csv     source x step table of row counts (last row: total), then one column per drop reason
-    funnel.png     the funnel as a figure (rstar2.data.funnel_plot)
-    manifest.json  written last (rstar2.io.write_manifest)
+Prompt length first (rstar2/data/prompt_length.py): with ``max_prompt_tokens`` set, problems whose rendered RL
+prompt (tool schema included) is longer in the policy's tokenizer are dropped (the released code: 2048), so no
+verifier samples are spent on them; funnel step ``prompt_length`` ("skipped" when unset).
+
+The paper removes incorrect labels from OpenMathReasoning: Qwen3-32B samples 16 responses per problem, and a
+problem is kept only if at least 2 responses give an integer answer that matches the label. Here the
+configured verifier model runs through the same agent loop and grader as RL and evaluation
+(``rstar2.rollout.run_rollouts``); a response matches when its reward is positive (the gold is an integer, so
+a positive reward means an integer answer equal to the label).
+
+When ``enabled`` is false (the CPU default: a 135M model cannot verify anything) the rows pass through
+unchanged and the funnel records the step as "skipped".
+
+Outputs in ``out_dir``: ``train.jsonl`` (the RL training set), ``verification.jsonl`` (when enabled: every
+verified problem with its matches and predicted answers), ``funnel.json`` / ``funnel.csv`` / ``funnel.png``
+(the candidates' funnel plus this step), and ``manifest.json`` last.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import random
+import copy
 import time
 from pathlib import Path
 
-from ..data.benchmarks import load_benchmark
-from ..data.curate import curate, format_funnel, funnel_table
-from ..data.loaders import WORKING_DIR, resolve_path
-from ..io import atomic_path, atomic_write_text, write_json, write_jsonl, write_manifest
+from .. import seeds
+from ..data.curate import append_step
+from ..data.prompt_length import filter_prompts, prompt_lengths
+from ..io import read_json, read_jsonl, write_jsonl, write_manifest
 from ..params import to_dict
-from .params import RLDataParams, parse
+from .params import LabelVerificationParams, parse
+from .rl_candidates import write_funnel
+
+STEP = "label_verification"
+DROP_REASON = "label_mismatch"
 
 
-def run(params: dict, out_dir: str) -> None:
-    """Build ``train.jsonl`` from the configured sources, decontaminated against the configured benchmarks.
+def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir: str | None = None,
+        model_and_tokenizer=None, tokenizer_dir: str | None = None, tokenizer=None) -> None:
+    """Verify the labels of ``data_path``'s problems and write the final RL data to ``out_dir``.
 
-    params: ``rstar2.stages.params.RLDataParams`` or its JSON dict: sources (load_source specs, non-empty),
-        benchmarks ({name: spec}, the ones decontaminated against), decontaminate_against, ngram,
-        boilerplate_min_problems, near_dedupe, max_abs_answer, limit (0 = all; else a seeded random sample), seed.
-        Relative paths start at the working directory (the folder snakemake runs in).
+    params: ``rstar2.stages.params.LabelVerificationParams`` or its JSON dict::
+
+        enabled      bool: run the verifier (else pass the rows through, step "skipped")
+        samples      responses per problem (paper: 16)
+        min_matches  keep a problem if at least this many responses match its label (paper: 2)
+        only_sources source names to verify (paper: only OpenMathReasoning); empty = all
+        max_prompt_tokens  drop problems whose RL prompt has more tokens (null = no filter)
+        tool         the tool name prompts are rendered for (their length counts its system prompt)
+        rollout      the verifier's rollout settings (budget, sampling, engine, tool)
+        seed         int
+    (``samples``, ``min_matches``, ``only_sources``, ``rollout`` and ``seed`` are None when not enabled.)
+
+    Args:
+        data_path: the curated candidates (JSON Lines with ``id``, ``source``, ``problem``, ``answer``).
+        funnel_path: their funnel.json; this stage appends its step.
+        model_dir: the materialised verifier model folder (needed when enabled, unless ``model_and_tokenizer``).
+        model_and_tokenizer: an already loaded ``(model, tokenizer)`` (tests; a scripted model).
+        tokenizer_dir: the policy (base) model folder whose tokenizer measures prompts, or ``tokenizer`` loaded.
 
     Raises:
-        ValueError: no sources, no max_abs_answer, an unknown benchmark name, or an empty result; anything
-            load_source raises (missing files/fields), before anything is written.
+        ValueError: enabled without a model; max_prompt_tokens without a tokenizer; samples < 1 or min_matches
+            outside 1..samples; no problem left.
     """
     t0 = time.time()
-    p = parse(RLDataParams, params, "rl_data params")
-    sources = p.sources
-    if not sources:
-        raise ValueError("rl_data: params['sources'] is empty; nothing to curate")
-    base_dir = WORKING_DIR
-    bench_specs = _benchmark_specs(p)
+    p = parse(LabelVerificationParams, params, "label_verification params")
+    rows = read_jsonl(data_path)
+    funnel = copy.deepcopy(read_json(funnel_path))
+    max_tokens, lengths = p.max_prompt_tokens, None
+    if max_tokens:
+        if tokenizer is None:
+            if not tokenizer_dir:
+                raise ValueError("rl_data: max_prompt_tokens is set but no tokenizer folder was given (--tokenizer)")
+            from transformers import AutoTokenizer
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        lengths = prompt_lengths([r["problem"] for r in rows], tokenizer, p.tool)
+    n_before = len(rows)
+    rows = filter_prompts(rows, funnel, max_tokens, lengths)
+    print(f"[rl_data] prompt length: {n_before - len(rows)} of {n_before} problems over {max_tokens} tokens"
+          if max_tokens else "[rl_data] prompt length: no limit (funnel step 'skipped')", flush=True)
+    enabled = p.enabled
+    verified: list[dict] = []
+    if enabled:
+        samples, min_matches = p.samples, p.min_matches
+        if samples < 1 or not 1 <= min_matches <= samples:
+            raise ValueError(f"label_verification: need samples >= 1 and 1 <= min_matches <= samples, "
+                             f"got samples={samples}, min_matches={min_matches}")
+        if model_and_tokenizer is None:
+            if not model_dir:
+                raise ValueError("label_verification: enabled but no verifier model folder was given")
+            from .. import models
+            model_and_tokenizer = models.load(model_dir)
+        verify = set(p.only_sources or {r["source"] for r in rows})
+        targets = [r for r in rows if r["source"] in verify]
+        verified = count_matches(targets, model_and_tokenizer, p)
+        kept_ids = {v["id"] for v in verified if v["matches"] >= min_matches}
+        dropped = [r for r in targets if r["id"] not in kept_ids]
+        kept = [r for r in rows if r["source"] not in verify or r["id"] in kept_ids]
+        print(f"[label_verification] {len(targets)} problems verified with {samples} samples each; "
+              f"{len(dropped)} had fewer than {min_matches} matching answers", flush=True)
+    else:
+        dropped, kept = [], rows
+        print("[label_verification] disabled: rows pass through (funnel step 'skipped')", flush=True)
 
-    t = time.time()
-    benchmarks = {name: load_benchmark(name, spec, base_dir) for name, spec in bench_specs.items()}
-    _log(f"benchmarks {', '.join(f'{n}={len(r)}' for n, r in benchmarks.items())}", t)
-
-    rows, funnel = curate(sources, benchmarks, ngram=p.ngram, max_abs_answer=p.max_abs_answer,
-                          near_dedupe=to_dict(p.near_dedupe), boilerplate_min_problems=p.boilerplate_min_problems,
-                          base_dir=base_dir,
-                          progress=lambda step, n, seconds: print(
-                              f"[rl_data] {step:<15} {n:>7} rows  {seconds:6.2f}s", flush=True))
-    if p.limit:  # 0 = keep every curated problem
-        rows = _sample(rows, p.limit, p.seed, funnel)
-    if not rows:
-        raise ValueError(f"rl_data: no rows survived curation; funnel: {funnel['total']}")
-
+    record_step(funnel, kept, dropped, status="done" if enabled else "skipped")
+    if not kept:
+        raise ValueError(f"label_verification: no problem kept; funnel: {funnel['total']}")
     out = Path(out_dir)
-    t = time.time()
-    write_jsonl(out / "train.jsonl", rows)
+    write_jsonl(out / "train.jsonl", kept)
+    if enabled:
+        write_jsonl(out / "verification.jsonl", verified)
     write_funnel(out, funnel)
-    _log(f"wrote {len(rows)} rows to {out / 'train.jsonl'}", t)
-
-    inputs = [resolve_path(s, base_dir) for s in sources] + \
-             [resolve_path({"name": n, **s}, base_dir) for n, s in bench_specs.items()]
-    write_manifest(out, stage="rl_data", params=to_dict(p), inputs=inputs, started=t0, counts={
-        "rows": len(rows),
-        "loaded": funnel["total"]["loaded"],
-        "per_source": {src: steps[funnel["steps"][-1]] for src, steps in funnel["per_source"].items()},
-        "drops": funnel["drops"],
-        "decontamination": funnel["decontamination"],
-    })
+    write_manifest(out, stage="rl_data", params=to_dict(p), started=t0,
+                   inputs=[data_path, funnel_path] + ([model_dir] if enabled and model_dir else [])
+                   + ([tokenizer_dir] if max_tokens and tokenizer_dir else []),
+                   counts={"rows": len(kept), "verified": len(verified), "label_mismatch": len(dropped),
+                           "prompt_too_long": n_before - len(rows),
+                           "label_verification": "done" if enabled else "skipped",
+                           "per_source": {s: n[STEP] for s, n in funnel["per_source"].items()},
+                           "drops": funnel["drops"], "decontamination": funnel.get("decontamination", {})})
 
 
-def write_funnel(out: Path, funnel: dict) -> None:
-    """Write ``funnel.json``, ``funnel.csv`` (counts per step, then drops per reason) and ``funnel.png``, and
-    print the funnel table to the log."""
-    from ..data.funnel_plot import plot_funnel
+def count_matches(rows: list[dict], model_and_tokenizer, p: LabelVerificationParams) -> list[dict]:
+    """Sample ``p.samples`` responses per problem and count those whose answer matches the label.
 
-    write_json(out / "funnel.json", funnel)
-    atomic_write_text(out / "funnel.csv", _csv(funnel_table(funnel, with_drops=True)))
-    with atomic_path(out / "funnel.png") as tmp:
-        plot_funnel(funnel, tmp)
-    print(format_funnel(funnel), flush=True)
+    Returns:
+        One dict per row, in order: ``{"id", "source", "answer", "matches", "samples", "preds"}`` where
+        ``preds`` are the extracted answers (None when a response gave none).
+    """
+    from ..rollout import Progress, sample_groups
 
-
-def _benchmark_specs(p: RLDataParams) -> dict[str, dict]:
-    """The benchmarks to decontaminate against: ``decontaminate_against`` picked from ``benchmarks``."""
-    available, names = p.benchmarks, list(p.decontaminate_against)
-    unknown = [n for n in names if n not in available]
-    if unknown:
-        raise ValueError(f"rl_data: decontaminate_against names unknown benchmarks {unknown}; "
-                         f"known: {sorted(available)}")
-    return {n: available[n] for n in names}
-
-
-def _sample(rows: list[dict], limit: int, seed: int, funnel: dict) -> list[dict]:
-    """Seeded shuffle, then keep the first ``limit`` rows; recorded as a "limit" step in the funnel."""
-    rows = list(rows)
-    random.Random(seed).shuffle(rows)
-    kept = rows[:limit]
-    funnel["steps"].append("limit")
-    funnel.setdefault("step_status", {})["limit"] = "done"
-    for src, per_step in funnel["per_source"].items():
-        per_step["limit"] = sum(r["source"] == src for r in kept)
-    funnel["total"]["limit"] = len(kept)
-    if len(rows) > len(kept):
-        funnel["drops"]["over_limit"] = len(rows) - len(kept)
-    return kept
+    model, tok = model_and_tokenizer
+    samples = p.samples
+    groups = sample_groups(model, tok, rows, samples, p.rollout, progress=Progress("label_verification"),
+                           seed=seeds.derive(p.seed, "label_verification"))
+    out = []
+    for r, group in zip(rows, groups):
+        out.append({"id": r["id"], "source": r["source"], "answer": r["answer"],
+                    "matches": int(sum(t.reward > 0 for t in group)), "samples": samples,
+                    "preds": [t.pred for t in group]})
+    return out
 
 
-def _csv(table: list[list]) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(table)
-    return buf.getvalue()
-
-
-def _log(message: str, started: float) -> None:
-    print(f"[rl_data] {message}  {time.time() - started:6.2f}s", flush=True)
+def record_step(funnel: dict, kept: list[dict], dropped: list[dict], status: str) -> None:
+    """Append the label-verification step to ``funnel`` (counts per source, drops as ``label_mismatch``)."""
+    append_step(funnel, STEP, kept, dropped, DROP_REASON, status)

@@ -22,7 +22,7 @@ rule rl_candidates:
     resources:
         **job_resources("default"),
     shell:
-        "rstar2 rl-data --params {params.p:q} --out results/rl_candidates 2>&1 | tee {log}"
+        "rstar2 rl-candidates --params {params.p:q} --out results/rl_candidates 2>&1 | tee {log}"
 
 
 # Only scheduled when label_verification is enabled with its own model (paper: Qwen3-32B).
@@ -72,7 +72,7 @@ rule rl_data:
     resources:
         **job_resources("generate"),
     shell:
-        "rstar2 label-verification --params {params.p:q} --data {input.data} --funnel {input.funnel}"
+        "rstar2 rl-data --params {params.p:q} --data {input.data} --funnel {input.funnel}"
         " {params.model} {params.tokenizer} --out results/rl_data 2>&1 | tee {log}"
 
 
