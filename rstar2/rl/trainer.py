@@ -129,7 +129,12 @@ def make_trainer_class():
             vg = self.vllm_generation
             if self.state.global_step != self._last_loaded_step or getattr(vg, "_llm_weights_sleeping", False):
                 t0 = time.time()
-                vg.sync_weights()
+                if self.args.vllm_mode == "colocate":
+                    from ..rollout.vllm_sync import sync_colocated
+
+                    sync_colocated(vg)  # TRL's sync_weights, or the CPU backend's reload
+                else:
+                    vg.sync_weights()
                 self._last_loaded_step = self.state.global_step
                 if self.accelerator.is_main_process:
                     print(f"[rl] vLLM weights synced at step {self.state.global_step} ({time.time() - t0:.1f}s)",
