@@ -116,6 +116,18 @@ def test_imports_point_down_the_layers():
     assert upward == []
 
 
+def test_no_two_packages_import_each_other():
+    """Between the subpackages of rstar2 (data, grading, rl, rollout, report, sandbox, stages), imports go one way
+    only: a pair that imports each other is one package split in two, or a module in the wrong one."""
+    def package(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if len(parts) > 2 or (PKG / parts[-1]).is_dir() else module
+
+    edges = {(package(m), package(t)) for m, ts in import_graph().items() for t in ts if package(m) != package(t)}
+    assert ("rstar2.data", "rstar2.grading") in edges          # the walker sees package-level edges
+    assert sorted((a, b) for a, b in edges if (b, a) in edges and a < b) == []
+
+
 def test_grading_does_not_load_pandas_or_datasketch():
     """Every grading worker imports rstar2.grading: pandas and datasketch would cost seconds per worker."""
     code = "import rstar2.grading, sys; bad = {'pandas', 'datasketch'} & set(sys.modules); assert not bad, bad"

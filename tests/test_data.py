@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rstar2.data import (BUNDLED_SOURCES, DEFAULT_BENCHMARKS, WORKING_DIR, classify_integer_answer, last_boxed,
-                         load_benchmark, load_source, normalize_integer_answer)
+from rstar2.data import BUNDLED_SOURCES, DEFAULT_BENCHMARKS, WORKING_DIR, load_benchmark, load_source
+from rstar2.grading.answers import classify_integer_answer, last_boxed, normalize_integer_answer
 from rstar2.data.curate import curate
 from rstar2.io import read_json, read_jsonl
 from rstar2.stages import rl_candidates

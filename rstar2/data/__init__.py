@@ -1,9 +1,10 @@
-"""Data loading and RL data curation: spec-driven loaders, integer-answer normalisation, the curation funnel
+"""Data loading and RL data curation: spec-driven loaders, the curation funnel
 and the evaluation benchmarks bundled under data/eval/.
 
-The package imports none of its modules up front: ``rstar2.grading`` needs only ``data.answers``, and every
-grading worker would otherwise load pandas and datasketch (seconds per worker) through the loaders and the
-near-dedupe. The names below are resolved from their modules on first use. The curation function itself is
+The package imports none of its modules up front: a stage that needs one loader should not load pandas and
+datasketch (seconds) through the others and the near-dedupe. Answer extraction and the integer rules live in
+``rstar2.grading.answers`` (the grader and gold curation share them; data imports grading, never the reverse).
+The names below are resolved from their modules on first use. The curation function itself is
 ``rstar2.data.curate.curate``: as a package attribute, ``curate`` would be the function or the submodule
 depending on what was imported first.
 """
@@ -11,7 +12,6 @@ depending on what was imported first.
 from importlib import import_module
 
 _EXPORTS = {
-    "classify_integer_answer": "answers", "last_boxed": "answers", "normalize_integer_answer": "answers",
     "DEFAULT_BENCHMARKS": "benchmarks", "load_benchmark": "benchmarks",
     "format_funnel": "curate", "funnel_table": "curate",
     "BUNDLED_SOURCES": "loaders", "WORKING_DIR": "loaders", "load_source": "loaders", "resolve_path": "loaders",

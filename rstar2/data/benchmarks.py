@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rstar2 import grading
-from rstar2.data.answers import normalize_integer_answer
+from rstar2.grading.answers import normalize_integer_answer
 from rstar2.data.loaders import WORKING_DIR, load_source
 
 

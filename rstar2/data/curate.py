@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable
 
-from rstar2.data.answers import OK, classify_integer_answer
+from rstar2.grading.answers import OK, classify_integer_answer
 from rstar2.data.loaders import WORKING_DIR, load_source
 from rstar2.data.near_dedupe import near_duplicates
 

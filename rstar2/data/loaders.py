@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rstar2.data.answers import last_boxed
+from rstar2.grading.answers import last_boxed
 
 # Relative dataset paths start at the working directory: the folder snakemake runs in.
 WORKING_DIR = Path(".")

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 
-from ..data.answers import last_boxed
+from .answers import last_boxed
 from .choice import choice_letter, letters_match
 from .extraction import extract_final_answer, final_turn_text
 from .integer import integer_tail

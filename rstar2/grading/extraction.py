@@ -4,14 +4,14 @@ The answer is the last ``\\boxed{}`` (or ``\\fbox{}``) inside the last ``<answer
 else the last box of the turn. ``<tool_call>`` and ``<tool_response>`` blocks are removed first, so a box
 printed by code never counts. Boxes are never merged into a set (Math-Verify merges several boxes of one
 string). A last box that is unfinished (cut off by the length limit) gives no answer: there is no fallback to
-an earlier box. The box reader itself is :func:`rstar2.data.answers.last_boxed`, shared with data loading.
+an earlier box. The box reader itself is :func:`rstar2.grading.answers.last_boxed`, shared with data loading.
 """
 
 from __future__ import annotations
 
 import re
 
-from ..data.answers import last_boxed
+from .answers import last_boxed
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.DOTALL)
 _TOOL_RESPONSE_RE = re.compile(r"<tool_response>.*?(?:</tool_response>|\Z)", re.DOTALL)

@@ -1,7 +1,7 @@
 """Cheap, exact readings of an answer string: wrappers removed, integers, rationals, option letters.
 
 These run before any symbolic work: an integer or a rational that the string spells is compared exactly,
-and the same integer rules as gold curation apply (rstar2.data.answers), so the grader and the integer
+and the same integer rules as gold curation apply (rstar2.grading.answers), so the grader and the integer
 filter can never disagree on what an integer answer is.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from ..data.answers import MATH_DELIMITERS, matching_brace, normalize_integer_answer
+from .answers import MATH_DELIMITERS, matching_brace, normalize_integer_answer
 
 _MINUS = {"\u2212": "-", "\ufe63": "-", "\uff0d": "-"}
 _TEXT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -64,7 +64,7 @@ def clean(s: str) -> str:
 
 
 def as_int(s: str) -> int | None:
-    """The integer ``s`` spells, or None (the gold-curation rules of rstar2.data.answers, up to 10^100)."""
+    """The integer ``s`` spells, or None (the gold-curation rules of rstar2.grading.answers, up to 10^100)."""
     return normalize_integer_answer(clean(s), max_abs=10**100)
 
 
