@@ -2,7 +2,8 @@
 the funnel. Label verification (stages/label_verification.py, rule ``rl_data``) runs on its output.
 
 Outputs in ``out_dir``:
-    train.jsonl    one row per problem: {"id", "source", "problem", "answer" (int as str), "answer_raw"}
+    train.jsonl    one row per problem: {"id", "source", "problem", "answer" (int as str for integer sources),
+                   "answer_raw", "answer_type" (the source's: integer, math or choice)}
                    (+ "origin", "language" when the source maps them)
     funnel.json    the curation funnel (see rstar2.data.curate.curate), plus the optional "limit" step
     funnel.csv     source x step table of row counts (last row: total), then one column per drop reason
