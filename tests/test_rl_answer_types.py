@@ -199,3 +199,25 @@ def test_rl_reward_is_checked_when_the_dag_is_built(tmp_path):
         assert proc.returncode != 0 and "Traceback" not in out
         (line,) = [ln for ln in out.splitlines() if "rl.reward" in ln]
         assert f"config: rl.reward '{spec}': must accept (completion, answer, answer_type)" in line
+
+
+@pytest.mark.slow
+def test_custom_data_example_runs_end_to_end_on_the_tiny_model(tmp_path):
+    """configs/custom_data.example.yaml over the tiny config, from the base model to the report (one RL stage,
+    one evaluated model to keep it short): the math source's problems are rolled out and graded as math."""
+    from conftest import copy_workflow
+    from test_workflow import smk
+
+    wd = copy_workflow(tmp_path / "wf")
+    short = tmp_path / "short.yaml"
+    short.write_text("rl: {stages: {stage2: null, stage3: null}}\n"
+                     "evaluate: {models: [rl_stage1], benchmarks: [math500]}\n")
+    smk(wd, "--cores", "2", "--configfile", "configs/tiny.yaml", "configs/custom_data.example.yaml", str(short),
+        timeout=1500)
+    train = read_jsonl(wd / "results/rl_data/train.jsonl")
+    types = {r["problem"]: r["answer_type"] for r in train}
+    assert {r["source"] for r in train} == {"my_problems", "math_nonint"} and set(types.values()) == {"integer", "math"}
+    records = read_jsonl(wd / "results/rl/stage1/rollouts.jsonl")
+    assert records and all(r["answer_type"] == types[r["question"]] for r in records)
+    assert read_jsonl(wd / "results/eval/rl_stage1/math500/per_problem.jsonl")
+    assert (wd / "results/report/manifest.json").exists()

@@ -110,8 +110,10 @@ def check(spec: str, row: dict | None) -> None:
         pass
     if row is None:
         return
+    from . import final_turn_text
+
     kind = row.get("answer_type") or "integer"
-    completion = f"The answer is computed.</reason>\n<answer>\\boxed{{{row['answer']}}}</answer>"
+    completion = final_turn_text(f"The answer is computed.</reason>\n<answer>\\boxed{{{row['answer']}}}</answer>")
     try:
         value = fn(completion, str(row["answer"]), kind)
     except Exception as e:
