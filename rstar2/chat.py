@@ -226,10 +226,10 @@ def encode_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], lis
     Args:
         messages: dicts with ``role`` in {system, user, assistant, tool} and ``content``. Assistant
             contents start with ``<reason>`` (it belongs to the masked generation prompt). Consecutive
-            tool messages share one user turn.
+            tool messages share one user turn. An assistant message with ``"weight": 0`` is masked whole.
     Returns:
-        Two equal-length lists: token ids and a 0/1 loss mask (1 = assistant-generated token, the
-        closing ``<|im_end|>`` included).
+        Two equal-length lists: token ids and a 0/1 loss mask (1 = assistant-generated token of a message
+        whose weight is not 0, the closing ``<|im_end|>`` included).
     Raises:
         ValueError: an unknown role or an assistant message that does not start with ``<reason>``.
     """
@@ -244,7 +244,8 @@ def encode_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], lis
             if not content.startswith("<reason>"):
                 raise ValueError(f"assistant message {i} must start with <reason>: {content[:60]!r}")
             segments.append((ASSISTANT_PREFIX, 0))
-            segments.append((content[len("<reason>"):] + IM_END, 1))
+            # "weight": 0 (OpenAI fine-tuning format): in the context, out of the loss
+            segments.append((content[len("<reason>"):] + IM_END, 0 if m.get("weight", 1) == 0 else 1))
             segments.append(("\n", 0))
         elif role == "tool":
             results = []

@@ -66,7 +66,8 @@ def _checker(kind: str):
 def _serve(conn) -> None:
     """Worker loop (main thread): receive (kind, args), answer ("ok", value) or ("error", message).
 
-    Kinds: ``grade`` (grading.grade), ``score`` (grading.score_trajectory), ``load`` (import the checker of
+    Kinds: ``grade`` (grading.grade), ``score`` (grading.score_trajectory), ``reward`` (grading.rewards.score:
+    a built-in or user reward of ``rl.reward``), ``load`` (import the checker of
     a kind in ``grading.CHECKERS`` and its library), each checker kind (its ``check(final_turn, ref)``), and
     ``hang``, which never answers (sent only by the fault injection of ``rstar2.faults``).
     """
@@ -89,6 +90,9 @@ def _serve(conn) -> None:
                 final_turn, gold, *answer_type = args  # (final_turn, gold[, answer_type])
                 out = ("ok", grading.score_trajectory(final_turn, gold, on_bad_gold="zero",
                                                       answer_type=answer_type[0] if answer_type else "math"))
+            elif kind == "reward":  # rl.reward: (spec, final_turn, gold, answer_type, caller's working directory)
+                from rstar2.grading import rewards
+                out = ("ok", rewards.score(*args))
             elif kind == "load":
                 _checker(args).checker()
                 out = ("ok", None)
@@ -215,7 +219,7 @@ class GradingPool:
                     if not w.wait_ready(START_TIMEOUT_S):
                         raise OSError(f"did not start within {START_TIMEOUT_S:.0f}s (a script calling the grading "
                                       "pool must do so under `if __name__ == '__main__':`)")
-                    if kind not in ("grade", "score"):
+                    if kind not in ("grade", "score", "reward"):
                         w.load(kind, START_TIMEOUT_S)
                     if not mark(slot, timeout_s + self.stall_s):
                         return
@@ -313,15 +317,22 @@ def grade_many(pairs: list[tuple[str | None, str]], timeout_s: float = 5.0) -> l
     return res
 
 
-def score_many(items: list[tuple], timeout_s: float = 5.0) -> list[dict]:
+def score_many(items: list[tuple], timeout_s: float = 5.0, reward: str = "answer") -> list[dict]:
     """:func:`rstar2.grading.score_trajectory` for ``(final_turn, gold)`` or ``(final_turn, gold, answer_type)``
     items in killable workers (answer_type as in :data:`rstar2.grading.ANSWER_TYPES`, default ``"math"``).
+    ``reward``: ``"answer"`` (that built-in) or a user reward ``module:function`` (``rstar2.grading.rewards``),
+    run in the same workers under the same deadline.
 
     Returns its dicts (``pred``, ``reward``, and ``error`` for a bad gold) plus ``status`` and ``duration_s``;
     a timeout or crash gives ``{"pred": None, "reward": 0.0, "status": "timeout" | "error", "error": msg}``.
     """
     res = []
-    for status, value, secs in _pool().map("score", [tuple(it) for it in items], timeout_s):
+    if reward == "answer":
+        kind, args = "score", [tuple(it) for it in items]
+    else:
+        here = os.getcwd()  # a user module in the caller's folder (workers keep the cwd their pool started in)
+        kind, args = "reward", [(reward, it[0], it[1], it[2] if len(it) > 2 else "math", here) for it in items]
+    for status, value, secs in _pool().map(kind, args, timeout_s):
         if status == "ok":
             d = dict(value)
         else:

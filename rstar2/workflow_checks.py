@@ -177,6 +177,38 @@ def check_rl_sources(config: dict, cache_dir: str) -> None:
     stamp.write_text(json.dumps({"sources": [s["name"] for _, s in sources]}) + "\n")
 
 
+def check_reward(config: dict) -> None:
+    """Load ``rl.reward`` when it names a user function and call it once on the first row with a gold of the first
+    local rl_data source (``rstar2.grading.rewards.check``), so a wrong one fails before any job. The built-in
+    costs nothing; a user reward is imported on every DAG build (not cached: its module may change).
+
+    Raises:
+        ValueError: ``config: rl.reward ...`` in one line (import, signature, the dry call's exception or value).
+    """
+    spec = config["rl"]["reward"]
+    from .grading import rewards
+
+    if spec in rewards.BUILTIN:
+        return
+    row = None
+    for src in config["rl_data"]["sources"]:
+        if os.path.exists(src["path"]):
+            from .data.loaders import load_source
+
+            try:
+                rows = load_source(src)
+            except (OSError, ValueError, KeyError):
+                continue  # check_rl_sources names the bad source
+            row = next(({**r, "answer": str(r["answer_raw"]).strip(), "answer_type": src.get("answer_type")}
+                        for r in rows if r["answer_raw"] is not None), None)
+            if row is not None:
+                break
+    try:
+        rewards.check(spec, row)
+    except ValueError as e:
+        raise ValueError(f"config: {e}") from None
+
+
 def check_sft_sources(config: dict, cache_dir: str) -> None:
     """Read and convert every local sft_data file source now (no tool call is run), so a bad spec, a wrong field
     mapping or a broken row fails before the first job, not when sft_data runs; cached like ``check_rl_sources``.
@@ -225,21 +257,26 @@ def cached_check(config: dict, cache_dir: str) -> None:
     stamp = _stamp(cache_dir, "heldout", {"name": name, "spec": spec, "sources": sources,
                                           "decontaminated": decontaminated}, files)
     if stamp.exists():
-        _warn_answer_type(name, spec)  # not cached: a warning is shown on every run, not only the first
+        _warn_answer_type(name, spec, _rl_types(config))  # not cached: a warning is shown on every run, not only the first
         return
     check_heldout(config)
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps({"benchmark": name, "files": files}) + "\n")
 
 
-def _warn_answer_type(name: str, spec: dict) -> None:
+def _warn_answer_type(name: str, spec: dict, rl_types: set) -> None:
     answer_type = spec.get("answer_type", "math")
-    if answer_type != "integer":
-        # RL rewards always use the integer grader; a lenient grader on the held-out set can count what the
-        # reward does not (an unevaluated expression boxed as the answer scores 1 under Math-Verify)
+    if answer_type not in rl_types:
+        # a more lenient grader on the held-out set can count what the reward does not (an unevaluated expression
+        # boxed as the answer scores 1 under Math-Verify, 0 under the integer grader)
+        want = " or ".join(repr(t) for t in sorted(rl_types))
         print(f"warning: rl.heldout.benchmark {name!r} is graded with answer_type {answer_type!r}, the RL reward "
-              f"with 'integer': set benchmarks.{name}.answer_type: integer to measure what RL trains for",
-              file=sys.stderr)
+              f"with {want} (rl_data.sources[].answer_type): set benchmarks.{name}.answer_type to measure what RL "
+              "trains for", file=sys.stderr)
+
+
+def _rl_types(config: dict) -> set:
+    return {s.get("answer_type", "integer") for s in config["rl_data"]["sources"]}
 
 
 def check_heldout(config: dict) -> None:
@@ -257,7 +294,7 @@ def check_heldout(config: dict) -> None:
         heldout = load_benchmark(name, config["benchmarks"][name])
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"config: rl.heldout.benchmark {name!r} cannot be loaded: {e}") from None
-    _warn_answer_type(name, config["benchmarks"][name])
+    _warn_answer_type(name, config["benchmarks"][name], _rl_types(config))
     if name in config["rl_data"]["decontaminate_against"]:
         return  # rl_data removes its problems (and near-copies) from the training data
     from .data.loaders import load_source

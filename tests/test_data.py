@@ -309,7 +309,7 @@ def test_full_curation_is_decontaminated_against_all_benchmarks():
     assert len({r["id"] for r in rows}) == len(rows)
     assert len({" ".join(r["problem"].lower().split()) for r in rows}) == len(rows)
     assert all(r["answer"] == str(int(r["answer"])) and abs(int(r["answer"])) <= 10**9 for r in rows)
-    assert set(rows[0]) == {"id", "source", "problem", "answer", "answer_raw"}
+    assert set(rows[0]) == {"id", "source", "problem", "answer", "answer_raw", "answer_type"}
     # Funnel bookkeeping: counts never grow, totals add up, every drop has a reason.
     for src, per_step in funnel["per_source"].items():
         counts = [per_step[s] for s in funnel["steps"]]
@@ -410,7 +410,7 @@ def test_optional_source_and_language_fields_are_carried_and_required_when_mappe
             "filters": {"lang": "en"}}
     rows, _ = curate([spec], {}, max_abs_answer=100)
     assert rows == [{"id": "omr-0", "source": "omr", "problem": "What is two plus five?", "answer": "7",
-                     "answer_raw": "7", "origin": "aops_forum", "language": "en"}]
+                     "answer_raw": "7", "answer_type": "integer", "origin": "aops_forum", "language": "en"}]
     with pytest.raises(ValueError, match="row 0: missing field 'subset'"):
         load_source({**spec, "fields": {**spec["fields"], "source": "subset"}})
 

@@ -366,8 +366,10 @@ def test_custom_dataset_through_config_alone(tmp_path):
     wd = copy_workflow(tmp_path)
     smk(wd, "--cores", "1", "results/rl_data/manifest.json", "--configfile", "configs/custom_data.example.yaml")
     rows = [json.loads(line) for line in (wd / "results/rl_data/train.jsonl").read_text().splitlines()]
-    assert {r["source"] for r in rows} == {"my_problems"} and len(rows) == 5
+    assert sum(r["source"] == "my_problems" for r in rows) == 5
+    assert {r["answer_type"] for r in rows if r["source"] == "math_nonint"} == {"math"}   # data/rl/math_nonint
     funnel = json.loads((wd / "results/rl_data/funnel.json").read_text())
+    assert funnel["integer_filter_skipped"] == {"math_nonint": "math"}
     assert funnel["step_status"] == {"loaded": "done", "integer_answer": "done", "dedupe": "done",
                                      "near_dedupe": "done", "decontaminate": "done", "prompt_length": "done",
                                      "label_verification": "skipped"}

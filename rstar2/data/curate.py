@@ -3,7 +3,10 @@
 Steps, in order, each counted per source:
 
     loaded          rows returned by load_source (after the spec's filters/limit)
-    integer_answer  the gold normalises to an integer (answers.classify_integer_answer), and there is a problem
+    integer_answer  the gold normalises to an integer (answers.classify_integer_answer), and there is a problem.
+                    The paper's rule, for sources of ``answer_type: integer`` (the default); a ``math`` or
+                    ``choice`` source skips it and keeps each row whose gold its grader can read
+                    (grading.gold_is_valid), listed in funnel["integer_filter_skipped"] with its type
     dedupe          first occurrence of each whitespace/case-normalised problem text wins (across sources,
                     in the order the sources are given)
     near_dedupe     first of each group of near-duplicates wins: MinHash LSH over word shingles, confirmed by
@@ -11,7 +14,8 @@ Steps, in order, each counted per source:
     decontaminate   no word 8-gram shared with any benchmark problem (the paper's rule, P§5.1)
 
 Every dropped row is counted under a reason: no_problem, no_answer, tuple_or_list, non_integer_number,
-not_a_number, too_large, duplicate, near_duplicate, contaminated.
+not_a_number, too_large, unusable_gold (a math/choice gold its grader cannot read), duplicate, near_duplicate,
+contaminated.
 
 Boilerplate exemption (off by default = the paper's rule): competition problems share stock phrasing such as
 "where m and n are relatively prime positive integers find m n" (8 words). With the plain rule such an 8-gram
@@ -37,7 +41,9 @@ STEPS = ["loaded", "integer_answer", "dedupe", "near_dedupe", "decontaminate"]
 # Defaults of the near-dedupe settings (config rl_data.near_dedupe); threshold is the exact Jaccard similarity.
 NEAR_DEDUPE_DEFAULTS = {"enabled": True, "threshold": 0.9, "num_perm": 128, "shingle_words": 5}
 # Row keys written to train.jsonl; "origin" and "language" only when the source maps them.
-OUTPUT_KEYS = ("id", "source", "problem", "answer", "answer_raw", "origin", "language")
+OUTPUT_KEYS = ("id", "source", "problem", "answer", "answer_raw", "answer_type", "origin", "language")
+#: rl_data.sources[].answer_type values (the grading package's types); integer is the paper's curation.
+RL_ANSWER_TYPES = ("integer", "math", "choice")
 # Anything that is not a letter or digit separates tokens; "_" too (it is in \w).
 _NON_ALNUM = re.compile(r"[\W_]+")
 
@@ -58,8 +64,12 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
             contamination (see the module docstring).
         progress: optional callback ``(step, rows_after_step, seconds_for_step)``.
 
+    A source's ``answer_type`` (:data:`RL_ANSWER_TYPES`, default ``integer``) is carried on each of its rows and
+    decides whether the integer filter applies (module docstring).
+
     Returns:
-        (rows, funnel). rows: ``{"id", "source", "problem", "answer" (normalised int as str), "answer_raw"}``
+        (rows, funnel). rows: ``{"id", "source", "problem", "answer" (normalised int as str for integer sources,
+        the stripped gold otherwise), "answer_raw", "answer_type"}``
         (+ ``origin``/``language`` when mapped) in source order. funnel: ``{"steps", "step_status": {step:
         "done"|"skipped"}, "per_source": {src: {step: n}}, "total": {step: n}, "drops": {reason: n},
         "drops_per_source": {src: {reason: n}}, "decontamination": {bench: n}, "duplicate_answer_conflicts": n,
@@ -69,7 +79,8 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
         "decontamination".
 
     Raises:
-        ValueError: two sources share a name; bad near-dedupe settings; anything load_source raises.
+        ValueError: two sources share a name; an unknown answer_type (names the source); bad near-dedupe
+            settings; anything load_source raises.
     """
     names = [spec.get("name") for spec in sources]
     if len(set(names)) != len(names):
@@ -78,14 +89,20 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
     unknown = set(near) - set(NEAR_DEDUPE_DEFAULTS)
     if unknown:
         raise ValueError(f"near_dedupe: unknown settings {sorted(unknown)}; known: {sorted(NEAR_DEDUPE_DEFAULTS)}")
+    types = {spec.get("name"): spec.get("answer_type", "integer") for spec in sources}
+    for i, (name, kind) in enumerate(types.items()):
+        if kind not in RL_ANSWER_TYPES:
+            raise ValueError(f"rl_data.sources[{i}] ({name}): answer_type must be one of {RL_ANSWER_TYPES}, "
+                             f"got {kind!r}")
     funnel = _empty_funnel(names, benchmarks, ngram)
+    funnel["integer_filter_skipped"] = {n: k for n, k in types.items() if k != "integer"}
     funnel["near_dedupe"] = near
     funnel["boilerplate_exemption"] = {"min_problems": int(boilerplate_min_problems), "exempt_ngrams": 0,
                                        "rows_kept": 0}
     notify = progress or (lambda step, n, seconds: None)
 
     t = time.time()
-    rows = [row for spec in sources for row in load_source(spec, base_dir)]
+    rows = [{**row, "answer_type": types[spec.get("name")]} for spec in sources for row in load_source(spec, base_dir)]
     _record(funnel, "loaded", rows)
     notify("loaded", len(rows), time.time() - t)
 
@@ -101,7 +118,9 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
         t = time.time()
         rows = apply(rows)
         _record(funnel, step, rows)
-        funnel["step_status"][step] = "skipped" if step == "near_dedupe" and not near["enabled"] else "done"
+        skipped = (step == "near_dedupe" and not near["enabled"]) or \
+            (step == "integer_answer" and "integer" not in types.values())
+        funnel["step_status"][step] = "skipped" if skipped else "done"
         notify(step, len(rows), time.time() - t)
 
     funnel["drops"] = dict(funnel["drops"])
@@ -111,11 +130,27 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
 
 
 def keep_integer_answers(rows: list[dict], max_abs: int, funnel: dict) -> list[dict]:
-    """Keep rows with a problem and an integer gold; add ``answer`` (str of the int) to kept rows."""
+    """Keep rows with a problem and an integer gold; add ``answer`` (str of the int) to kept rows.
+
+    A row whose ``answer_type`` is not ``integer`` skips the integer rule: kept with its stripped gold as
+    ``answer`` when ``grading.gold_is_valid`` accepts it for that type, else dropped as ``unusable_gold``.
+    """
+    from rstar2.grading import gold_is_valid
+
     kept = []
     for row in rows:
         if not row["problem"]:
             _drop(funnel, row, "no_problem")
+            continue
+        kind = row.get("answer_type", "integer")
+        if kind != "integer":
+            gold = "" if row["answer_raw"] is None else str(row["answer_raw"]).strip()
+            if not gold:
+                _drop(funnel, row, "no_answer")
+            elif not gold_is_valid(gold, kind):
+                _drop(funnel, row, "unusable_gold")
+            else:
+                kept.append({**row, "answer": gold})
             continue
         value, reason = classify_integer_answer(row["answer_raw"], max_abs)
         if reason != OK:
@@ -310,6 +345,9 @@ def format_funnel(funnel: dict) -> str:
     skipped = [s for s, st in (funnel.get("step_status") or {}).items() if st == "skipped"]
     if skipped:
         lines.append("skipped steps: " + ", ".join(skipped))
+    if funnel.get("integer_filter_skipped"):
+        lines.append("integer filter skipped for: " + ", ".join(f"{s} ({k})" for s, k in
+                                                                  funnel["integer_filter_skipped"].items()))
     extra = [f"{k}={funnel[k]}" for k in ("duplicate_answer_conflicts", "near_duplicate_answer_conflicts")
              if k in funnel]
     if funnel.get("prompt_length"):

@@ -21,7 +21,8 @@ class RolloutFunc:
     """One RL step's data: roll out, grade, select, compute advantages, record; holds the step's metrics.
 
     Args:
-        answers: problem text -> {"id", "answer"} (the dataset rows TRL hands over carry only the prompt).
+        answers: problem text -> {"id", "answer", optional "answer_type"} (the dataset rows TRL hands over carry
+            only the prompt); answer_type (``grading.ANSWER_TYPES``, default integer) picks the row's grader.
         rcfg: rollout settings. group_size: G, rollouts kept per prompt. oversample: rollouts drawn per kept
             rollout in grpo_roc (2 in the paper). mode: "grpo_roc" or "grpo" (G drawn, all kept).
         positive_selection: "inverse_prob" or "topk". penalty: p_err/p_format definitions and eps.
@@ -30,13 +31,17 @@ class RolloutFunc:
             stage needs no RNG state but the step counter. out_dir: where rollouts.jsonl is appended.
         faults: when to stop for failing infrastructure (``fault_accounting.FaultPolicy``; None: never). Trajectories
             whose tool call the sandbox could not serve are left out of selection and counted (fault_accounting).
+        reward: ``rl.reward``, the reward of the registry every rollout is graded with (rstar2.grading.rewards:
+            ``"answer"``, the paper's binary answer reward, or ``module:function``); RoC selection and the
+            advantages use that value.
     Raises:
         ValueError: unknown mode or positive_selection.
     """
 
     def __init__(self, answers: dict, rcfg: rollout_lib.RolloutConfig, group_size: int, oversample: int,
                  mode: str, positive_selection: str, seed: int, out_dir: str,
-                 penalty: PenaltyConfig | None = None, faults: fault_accounting.FaultPolicy | None = None):
+                 penalty: PenaltyConfig | None = None, faults: fault_accounting.FaultPolicy | None = None,
+                 reward: str = "answer"):
         if mode not in ("grpo", "grpo_roc"):
             raise ValueError(f"rl.mode must be 'grpo' or 'grpo_roc', got {mode!r}")
         if positive_selection not in roc.POSITIVE_SELECTIONS:
@@ -47,6 +52,7 @@ class RolloutFunc:
         self.mode, self.positive_selection = mode, positive_selection
         self.penalty = penalty or PenaltyConfig()
         self.faults = faults
+        self.reward = reward
         self.out_dir = out_dir
         self.seed = seed
         self.pending: dict | None = None
@@ -92,14 +98,16 @@ class RolloutFunc:
         problems = []
         for q in uniq:
             meta = self.answers[q]
-            problems += [{"id": meta["id"], "problem": q, "answer": meta["answer"]}] * self.n_draw
+            problems += [{"id": meta["id"], "problem": q, "answer": meta["answer"],
+                          "answer_type": meta.get("answer_type") or "integer"}] * self.n_draw
         # server mode with several processes: the main process's scheduler runs every process's groups
         kw = {"engines": engines, "central": rollout_lib.central_for_trainer(trainer)} if engines is not None else {}
         restarts = grading_pool.stats()["restarts"]
-        # rl_data keeps integer-answer problems only (the paper's curation), so the reward is the integer grader's
+        # each problem is graded with its rl_data source's answer_type; integer (the paper's curation) by default
         trajs = rollout_lib.run_rollouts(model, tok, problems, self.rcfg, answer_type="integer",
                                          progress=rollout_lib.Progress(f"rollout step {self.step}"),
-                                         seed=seeds.derive(self.seed, "rollout", self.step), **kw)
+                                         seed=seeds.derive(self.seed, "rollout", self.step), reward=self.reward,
+                                         **kw)
         model.train()
         release_freed_memory()
         groups = [trajs[i:i + self.n_draw] for i in range(0, len(trajs), self.n_draw)]
@@ -109,7 +117,9 @@ class RolloutFunc:
         results = select(groups, penalties, self.G, self.mode, self.positive_selection, self.penalty.eps, rng)
         self.last_results = results
         stats = [GroupStats.of(r) for r in results]
-        records = [rows + fault_accounting.excluded_records(ex) for rows, ex in zip(self._records(results), excluded)]
+        records = [[{**row, "answer_type": self.answers[row["question"]].get("answer_type") or "integer"}
+                    for row in rows + fault_accounting.excluded_records(ex)]
+                   for rows, ex in zip(self._records(results), excluded)]
         counts = [counts]
         if self.num_processes > 1:  # every process's groups, in process order
             from accelerate.utils import gather_object

@@ -65,7 +65,7 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
                  tools: ToolRunner | None = None,
                  reward_fn: Callable[[str, str], dict] | None = None,
                  answer_type: str = "math", central: CentralDispatch | None = None,
-                 seed: int | None = None) -> list[Trajectory]:
+                 seed: int | None = None, reward: str = "answer") -> list[Trajectory]:
     """Roll out one trajectory per entry of ``problems`` and grade it.
 
     Args:
@@ -76,9 +76,12 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
         engines: inference engines (engines.py); default ``default_engines(model, tok, cfg)``.
         tools: executes tool calls (``async run(code, stdin) -> sandbox.ExecResult``); default: the sandbox's
             batching client (``sandbox.shared_client``: the configured service, or the shared warm pool).
-        answer_type: the grader of the default path (``grading.ANSWER_TYPES``); RL data is integer-answer.
+        answer_type: the grader of the default path (``grading.ANSWER_TYPES``) for problems without their own
+            ``answer_type`` (an rl_data row carries its source's).
         reward_fn: ``(final_turn_text, gold) -> {"pred", "reward"}``; default: grading.score_trajectory in the
             killable grading workers. Truncated trajectories score 0 without it.
+        reward: on that default path, the reward of the registry (``rl.reward``: ``"answer"`` or
+            ``module:function``; rstar2.grading.rewards), run in the same workers.
         central: several training processes share one scheduler (``central.run_centrally``): every process
             calls with its own problems, process 0 rolls out all of them on ``engines`` (which every process must
             reach, e.g. vLLM servers) and each process gets its own trajectories back.
@@ -90,7 +93,7 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
     if central is not None and central.count > 1:
         return run_centrally(problems, lambda every: run_rollouts(
             model, tok, every, cfg, progress, engines=engines, tools=tools, reward_fn=reward_fn,
-            answer_type=answer_type, seed=seed), central)
+            answer_type=answer_type, seed=seed, reward=reward), central)
     owned_tools = tools is None
     if tools is None:
         tools = sandbox.shared_client(cfg.tool.limits())
@@ -113,7 +116,7 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
     finally:
         if owned_tools:
             tools.close()
-    grade_all(trajs, reward_fn, [answer_type] * len(trajs))
+    grade_all(trajs, reward_fn, [p.get("answer_type") or answer_type for p in problems], reward=reward)
     return trajs
 
 

@@ -202,7 +202,7 @@ class DelayedToolRunner:
 
 
 def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | None = None,
-              answer_types: list[str] | None = None, golds: list[str] | None = None) -> None:
+              answer_types: list[str] | None = None, golds: list[str] | None = None, reward: str = "answer") -> None:
     """Set ``pred``/``reward`` of every trajectory that has a gold answer (Eq. 3).
 
     ``golds`` (one per trajectory) sets each trajectory's gold first: evaluation rolls out without the answers
@@ -214,7 +214,8 @@ def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | N
     ``grading.score_trajectory`` in the killable grading workers (``grading_pool.score_many``: a
     per-item time bound, so an adversarial answer such as ``9^{9^{9}}`` cannot hang the rollout).
     ``answer_types`` (one per trajectory, as in ``grading.ANSWER_TYPES``; default ``"math"``) picks each
-    benchmark's grader on that default path.
+    benchmark's grader on that default path; ``reward`` names the reward of the registry that path uses
+    (``rl.reward``: ``"answer"``, the paper's binary answer reward, or ``module:function``; rstar2.grading.rewards).
     """
     types = answer_types or ["math"] * len(trajs)
     if golds is not None:
@@ -229,7 +230,7 @@ def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | N
             todo.append((t, kind))
     finals = [t.turns[-1]["text"] if t.turns else "" for t, _ in todo]
     if reward_fn is None:
-        scored = grading_pool.score_many([(f, t.gold, kind) for f, (t, kind) in zip(finals, todo)])
+        scored = grading_pool.score_many([(f, t.gold, kind) for f, (t, kind) in zip(finals, todo)], reward=reward)
     else:
         scored = [reward_fn(f, t.gold) for f, (t, _) in zip(finals, todo)]
     for (t, _), s in zip(todo, scored):

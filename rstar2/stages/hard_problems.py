@@ -38,7 +38,8 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
         rows = rows[: p.subset_size]
     model, tok = model_and_tokenizer or models.load(model_dir)
     k = p.k
-    groups = sample_groups(model, tok, rows, k, p.rollout, progress=Progress("hard_problems"),
+    # each row is graded with its rl_data source's answer_type, as in the RL stages (integer when a row has none)
+    groups = sample_groups(model, tok, rows, k, p.rollout, progress=Progress("hard_problems"), answer_type="integer",
                            seed=seeds.derive(p.seed, "hard_problems"))
     counted = [{**r, "passes": int(sum(t.reward > 0 for t in g)), "k": k} for r, g in zip(rows, groups)]
     hard = [r for r in counted if p.min_passes <= r["passes"] < k]

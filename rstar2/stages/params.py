@@ -167,6 +167,7 @@ class RLParams:
     trainer: TrainerParams
     heldout: HeldoutParams | None
     faults: FaultPolicy         # when to stop for failing infrastructure (rl.faults; changes no fault-free result)
+    reward: str                 # rl.reward: a built-in ("answer") or module:function (rstar2.grading.rewards)
     seed: int
 
     @property

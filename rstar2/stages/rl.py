@@ -106,9 +106,11 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
             on a held-out benchmark at step 0 and every ``every`` steps
             (``rstar2.rl.heldout``: ``heldout.jsonl``).
         model_dir: folder of the starting model (previous stage's ``model/``).
-        data_path: JSON Lines with ``id``, ``problem``, ``answer`` (rl_data's train.jsonl or hard_problems' hard.jsonl).
+        data_path: JSON Lines with ``id``, ``problem``, ``answer`` and optional ``answer_type`` (default integer; the
+            row's grader) (rl_data's train.jsonl or hard_problems' hard.jsonl).
         out_dir: ``results/rl/stageN``; writes ``model/``, ``metrics.jsonl``, ``rollouts.jsonl``, ``heldout.jsonl``
-            and ``heldout_problems.jsonl`` (empty without a held-out benchmark), ``tensorboard/``, ``optimizer/`` (with save_optimizer), then ``manifest.json``. Checkpoints go to
+            and ``heldout_problems.jsonl`` (empty without a held-out benchmark), ``tensorboard/``, ``optimizer/``
+            (with save_optimizer), then ``manifest.json``. Checkpoints go to
             ``results/rl/checkpoints/stageN`` (``rstar2.rl.checkpoints``): a killed stage resumes from the last
             one, with optimizer, LR schedule, RNG, data position, step counter and logs as they were at that step.
             ``params.faults`` (rl.faults): a stage stops with a ``StageFault`` when the sandbox fails too many of a
@@ -137,6 +139,8 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     if not rows:
         raise ValueError(f"{data_path}: no training problems; nothing to train on")
     rows = select_sources(rows, p.sources, f"{p.name} ({data_path})")
+    from ..grading import rewards
+    rewards.check(p.reward, rows[0])  # a wrong rl.reward fails here too, before any checkpoint or log is touched
     ps = distributed.process_state(to_dict(p.trainer))
     P, G = p.prompts_per_step, p.group_size
     if P % ps.num_processes:
@@ -167,7 +171,8 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     # Each stage draws its own prompt order: with one seed for all, stage 2 would replay stage 1's prompts.
     seed = p.data_seed
     random.Random(seed).shuffle(rows)
-    answers = {r["problem"]: {"id": r["id"], "answer": r["answer"]} for r in rows}
+    answers = {r["problem"]: {"id": r["id"], "answer": r["answer"], "answer_type": r.get("answer_type") or "integer"}
+               for r in rows}
     dataset = Dataset.from_list([{"prompt": q} for q in answers])
 
     # Trainer arguments before the model: under accelerate's DeepSpeed ZeRO-3 they make from_pretrained load
@@ -176,7 +181,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     model, tok = models.load(model_dir)
     penalty = PenaltyConfig(p.error_penalty, p.format_penalty, p.penalty_eps)
     rollout_fn = RolloutFunc(answers, p.rollout, G, p.oversample, p.mode, p.positive_selection, seed, str(out),
-                             penalty, faults=p.faults)
+                             penalty, faults=p.faults, reward=p.reward)
     rollout_fn.set_process(ps.process_index, ps.num_processes)
     grading_pool.configure(stall_s=p.faults.grading_stall_s)
     guard = FiniteGuard(p.faults.max_nonfinite_steps)

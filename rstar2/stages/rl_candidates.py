@@ -1,8 +1,10 @@
 """Stage ``rl_candidates`` (rule and CLI ``rstar2 rl-candidates``): curate the RL training problems (paper §4.2)
-and record the funnel. Stage ``rl_data`` (stages/rl_data.py: prompt length, label verification) runs on its output.
+and record the funnel. Stage ``rl_data`` (stages/rl_data.py: prompt length, label verification) runs on its
+output.
 
 Outputs in ``out_dir``:
-    train.jsonl    one row per problem: {"id", "source", "problem", "answer" (int as str), "answer_raw"}
+    train.jsonl    one row per problem: {"id", "source", "problem", "answer" (int as str for integer sources),
+                   "answer_raw", "answer_type" (the source's: integer, math or choice)}
                    (+ "origin", "language" when the source maps them)
     funnel.json    the curation funnel (see rstar2.data.curate.curate), plus the optional "limit" step
     funnel.csv     source x step table of row counts (last row: total), then one column per drop reason

@@ -1,5 +1,6 @@
-"""Stage ``rl_data`` (rule and CLI ``rstar2 rl-data``; ``label-verification`` is an alias): the prompt-length filter and label verification, the last steps of the RL data funnel
-(paper §4.2; prompt length: released code rstar2_agent/main_rstar2_agent.py).
+"""Stage ``rl_data`` (rule and CLI ``rstar2 rl-data``; ``label-verification`` is an alias): the prompt-length
+filter and label verification, the last steps of the RL data funnel (paper §4.2; prompt length: released code
+rstar2_agent/main_rstar2_agent.py).
 
 Prompt length first (rstar2/data/prompt_length.py): with ``max_prompt_tokens`` set, problems whose rendered RL
 prompt (tool schema included) is longer in the policy's tokenizer are dropped (the released code: 2048), so no

@@ -12,8 +12,8 @@ from rstar2.reproduce import code_version
 from rstar2.params import to_dict as params_dict
 from rstar2.stages import params as stage_params
 from rstar2.config_schema import validate_config
-from rstar2.workflow_checks import (cached_check, check_benchmarks, check_config, check_data_files, check_rl_sources,
-                                    check_sft_sources)
+from rstar2.workflow_checks import (cached_check, check_benchmarks, check_config, check_data_files, check_reward,
+                                    check_rl_sources, check_sft_sources)
 
 
 # A refused value is one line naming its key (Snakemake's own validate prints the whole schema and config).
@@ -51,6 +51,8 @@ ABLATION_RUNS = check_config(config, RL_STAGES, MODEL_DIRS)
 cached_check(config, ".snakemake/rstar2_checks")
 # Every local rl_data source loads (field mapping, filters, rows) before any job starts; cached the same way.
 check_rl_sources(config, ".snakemake/rstar2_checks")
+# rl.reward: a user reward function imports, takes (completion, answer, answer_type) and answers one real row.
+check_reward(config)
 # And every local sft_data file source reads and converts (no tool call is run).
 check_sft_sources(config, ".snakemake/rstar2_checks")
 # Every local benchmark the evaluate stage reads loads now (field mapping, rows), not after SFT.

@@ -3,7 +3,10 @@ wire-format messages out (paper §4.1 function calling; rstar2/chat.py).
 
 A converter turns a row into ``(kind, value)`` turns: ``system`` (the row's own system text), ``user``,
 ``assistant`` (a reply), ``call`` (value ``(name, arguments dict)``, or the :class:`Drop` its parsing raised,
-re-raised in turn order), ``tool`` (a tool result). The rules, in order:
+re-raised in turn order), ``tool`` (a tool result). An ``assistant`` or ``call`` turn may carry a third element,
+its loss weight (:func:`message_weight`): 0 keeps the message in the context and out of the loss (its message gets
+``"weight": 0``, which ``chat.encode_conversation`` masks), as the OpenAI fine-tuning format's per-message
+``weight``. The rules, in order:
 
 * trailing user turns are cut (nothing to learn from them); system turns must come first;
 * a user turn follows the start or an answer; a call follows a user turn or a tool result; a tool result
@@ -28,7 +31,7 @@ import json
 
 from ... import chat, sandbox
 from .common import (R_AFTER_FN, R_AFTER_PY, R_CALL_FN, R_CALL_PY, R_CALL_PY_MORE, R_DIRECT, R_NO_CALL_WITH_TOOLS,
-                     Context, Drop, Pending, answer, assistant, rng, system_prompt)
+                     Broken, Context, Drop, Pending, answer, assistant, rng, system_prompt)
 from .math_filter import MATH_WORKED, math_reason
 from .pycalls import NETWORK, NONDETERMINISTIC
 
@@ -51,13 +54,13 @@ def build(turns: list[tuple[str, object]], tools: list[dict], row_id: str, ctx: 
         extra.append(_text(turns.pop(0)[1]))
     if not turns:
         raise Drop("malformed")
-    has_call = any(kind == "call" for kind, _ in turns)
+    has_call = any(t[0] == "call" for t in turns)
     offered = _system_tools(tools, turns, python_tool, ctx)
     messages = [{"role": "system", "content": system_prompt(offered, "\n\n".join(extra))}]
     names = {t["name"] for t in tools} | ({python_tool} if python_tool else set())
     jobs, pending = [], []   # pending: (message index, recorded result) per executed call
     last, last_call, python_calls = "system", None, 0   # last: system | user | call | tool | answer
-    for kind, value in turns:
+    for kind, value, *weight in turns:
         if kind == "call":
             if isinstance(value, Drop) and value.reason == "empty_turn":
                 raise value
@@ -81,6 +84,7 @@ def build(turns: list[tuple[str, object]], tools: list[dict], row_id: str, ctx: 
                 payload = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
                 messages.append(assistant(pick.choice(R_CALL_FN).format(name=name),
                                           f"<tool_call>\n{payload}\n</tool_call>"))
+            _weigh(messages[-1], weight)
             last, last_call = "call", name
             continue
         text = _text(value)
@@ -112,10 +116,30 @@ def build(turns: list[tuple[str, object]], tools: list[dict], row_id: str, ctx: 
             else:
                 pool = R_NO_CALL_WITH_TOOLS if offered else R_DIRECT
             messages.append(answer(pick.choice(pool), text))
+            _weigh(messages[-1], weight)
             last = "answer"
     if last != "answer" or len(pending) != len(jobs):
         raise Drop("malformed")   # a call without its result, or an executed call whose result is missing
     return Pending(jobs, lambda results: _fill(messages, pending, results, ctx.max_tool_chars))
+
+
+def message_weight(message: dict, field: str, index: str):
+    """A chat message's loss weight: 1 when it has no ``weight`` key, else its value, which must be 0 or 1 (the
+    OpenAI fine-tuning format's rule; ``true``/``false`` too).
+
+    Raises:
+        Broken: names ``field`` and ``index``.weight and the bad value.
+    """
+    w = message.get("weight", 1)
+    if isinstance(w, bool) or w in (0, 1):
+        return int(w)
+    raise Broken(field, f"{index}.weight", f"a message weight must be 0 or 1, got {w!r}")
+
+
+def _weigh(message: dict, weight: list) -> None:
+    """Mark ``message`` context-only when its turn's weight (``weight``: [] or [w]) is 0."""
+    if weight and weight[0] == 0:
+        message["weight"] = 0
 
 
 def _text(value) -> str:
@@ -129,7 +153,7 @@ def _system_tools(tools: list[dict], turns: list, python_tool: str | None, ctx: 
     when the row calls it without listing it)."""
     out = [chat.python_tool_schema(ctx.tool_name) if python_tool and t["name"] == python_tool
            else {"type": "function", "function": t} for t in tools]
-    calls_python = any(k == "call" and isinstance(v, tuple) and v[0] == python_tool for k, v in turns)
+    calls_python = any(t[0] == "call" and isinstance(t[1], tuple) and t[1][0] == python_tool for t in turns)
     if python_tool and calls_python and all(t["name"] != python_tool for t in tools):
         out.append(chat.python_tool_schema(ctx.tool_name))
     return out

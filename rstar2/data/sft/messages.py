@@ -13,7 +13,8 @@ or an object; the legacy ``function_call`` too) become one call turn each, its t
 messages after it are paired with the calls (by ``tool_call_id`` when every one has it, else in order), so
 two parallel calls become call, result, call, result: one call per turn, as in RL. A count that does not
 match leaves the order broken (``malformed``). Conversion and drops: :mod:`rstar2.data.sft.conversation`;
-also ``bad_tools`` and ``bad_function_call``.
+also ``bad_tools`` and ``bad_function_call``. An assistant message's ``"weight": 0`` (OpenAI fine-tuning format)
+keeps it, and each call turn it makes, in the context and out of the loss; 1 or absent trains on it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 from collections import Counter
 
 from .common import Broken, Context, Drop, Pending
-from .conversation import build
+from .conversation import build, message_weight
 from .sharegpt import function_schemas
 
 FIELDS = {"messages": True, "tools": False}   # role -> required
@@ -55,8 +56,9 @@ def convert(values: dict, row_id: str, ctx: Context) -> Pending:
         if kind is None:
             raise Broken("messages", f"{k}.role", f"unknown role {m['role']!r}; expected one of {sorted(ROLES)}")
         calls = _calls(m, k) if kind == "assistant" else []
+        weight = [message_weight(m, "messages", str(k))] if kind == "assistant" else []
         if not calls:
-            turns.append((kind, _content(m, k)))
+            turns.append((kind, _content(m, k), *weight))
             k += 1
             continue
         results = []   # (index, message) of the tool messages that follow
@@ -69,9 +71,9 @@ def convert(values: dict, row_id: str, ctx: Context) -> Pending:
             if None not in ids and Counter(ids) == Counter(r.get("tool_call_id") for _, r in results):
                 results.sort(key=lambda ir: ids.index(ir[1].get("tool_call_id")))
             for (_, call), (i, r) in zip(calls, results):
-                turns += [("call", call), ("tool", _content(r, i))]
+                turns += [("call", call, *weight), ("tool", _content(r, i))]
         else:
-            turns += [("call", call) for _, call in calls] + [("tool", _content(r, i)) for i, r in results]
+            turns += [("call", call, *weight) for _, call in calls] + [("tool", _content(r, i)) for i, r in results]
     return build(turns, tools, row_id, ctx)
 
 

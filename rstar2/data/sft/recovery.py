@@ -26,6 +26,11 @@ Mistakes (:data:`MISTAKES`, one per row, drawn from those that apply to the task
 * ``json_error``: the code is written with double quotes and the call's JSON leaves them unescaped, so the
   call cannot be decoded (the cold-start model's second commonest failure); this call is never run.
 
+Source option ``mistake_weight``: 1 (absent) trains on the mistaken first call like every other assistant
+turn; 0 gives it ``"weight": 0`` (the OpenAI fine-tuning format's per-message weight), so the model sees the
+mistake and its traceback but is trained only on the recovery (``benchmarks/bench_recovery_step0.py`` compares
+both at RL step 0).
+
 Drops (counted in stats.json): ``mistake_did_not_fail`` (the injected mistake ran cleanly, or failed with
 another exception than intended), ``unexpected_output`` (the corrected call's output differs from the
 task's expected output). Nothing here writes a tool output itself: every tool message is a sandbox result.
@@ -189,6 +194,8 @@ def recovery_rows(n: int, ctx: Context) -> list[tuple[str, Pending]]:
 
         def finish(results: list, t=t, kind=kind, bad_text=bad_text, fix=fix, pick=pick) -> list[dict]:
             fixed, first = results[-1], assistant(pick.choice(R_CALL_PY), bad_text)
+            if ctx.spec.get("mistake_weight") == 0:  # the mistaken call stays in the context, out of the loss
+                first["weight"] = 0
             if kind in UNDECODABLE:  # parsed as the rollout parses the generated turn (after the prompt's <reason>)
                 (call,) = chat.parse_tool_calls(first["content"].removeprefix("<reason>"), ctx.tool_name)
                 if call.error is None:

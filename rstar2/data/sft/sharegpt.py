@@ -11,7 +11,9 @@ Source options: ``calls: python`` reads assistant turns written as ``[name(key=v
 calls (more than one call in a turn is ``parallel_calls``: a single observation answers them all, which one
 call per turn cannot express); ``tools_from_system: true`` takes the tools from the JSON list inside the system
 text and drops that text (ToolACE's describes its own call syntax). Conversion and drops:
-:mod:`rstar2.data.sft.conversation`; also ``bad_tools`` and ``bad_function_call``.
+:mod:`rstar2.data.sft.conversation`; also ``bad_tools`` and ``bad_function_call``. A gpt or function_call turn's
+``"weight": 0`` (the OpenAI fine-tuning format's per-message weight, as axolotl's ShareGPT datasets take it) keeps
+it in the context and out of the loss.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 
 from .common import Broken, Context, Drop, Pending
-from .conversation import build
+from .conversation import build, message_weight
 from .pycalls import parse_call_list
 
 FIELDS = {"conversations": True, "tools": False, "system": False}   # role -> required
@@ -51,12 +53,13 @@ def convert(values: dict, row_id: str, ctx: Context) -> Pending:
         if kind is None:
             raise Broken("conversations", f"{k}.from", f"unknown role {t['from']!r}; expected one of {sorted(ROLES)}")
         value = t.get("value")
+        weight = [message_weight(t, "conversations", str(k))] if kind in ("call", "assistant") else []
         if kind == "call":
-            turns.append(("call", json_call(value)))
+            turns.append(("call", json_call(value), *weight))
         elif kind == "assistant" and python_syntax and isinstance(value, str):
-            turns += _python_calls(value)
+            turns += [(*turn, *weight) for turn in _python_calls(value)]
         else:
-            turns.append((kind, value))
+            turns.append((kind, value, *weight))
     return build(turns, tools, row_id, ctx)
 
 

@@ -14,6 +14,7 @@ A source spec (config ``sft_data.sources[]``; ``workflow/schemas/config.schema.y
     filters     {column: value or [values]}   limit: rows read (a seeded sample; null = all; 0 = skip)
     python_tool the data's name for its Python tool; execute: re-run those calls (toolformer: required)
     calls, tools_from_system   sharegpt only (ToolACE)
+    mistake_weight  recovery only: 0 = the mistaken first call is context, not loss (absent or 1: trained)
 
 Errors name the source, the file, the row (0-based data row) and the field, in one line, before anything is
 run or written.
@@ -50,6 +51,10 @@ def check_spec(spec: dict) -> None:
     where = f"sft_data source '{name}'"
     if (spec.get("path") is None) == (spec.get("generate") is None):
         raise ValueError(f"{where}: give either 'path' (a file or hub:<id>, with 'format') or 'generate'")
+    if spec.get("mistake_weight") is not None and (spec.get("generate") != "recovery"
+                                                   or spec["mistake_weight"] not in (0, 1)):
+        raise ValueError(f"{where}: mistake_weight (0 or 1, got {spec['mistake_weight']!r}) applies to generate: "
+                         "recovery only; chat rows set a per-message 'weight' instead")
     if spec.get("generate") is not None:
         if spec["generate"] not in GENERATORS:
             raise ValueError(f"{where}: unknown generator {spec['generate']!r}; known: {sorted(GENERATORS)}")

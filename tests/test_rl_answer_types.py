@@ -1,0 +1,223 @@
+"""RL on any answer type and the reward registry (issue 34): rl_data.sources[].answer_type carried through the
+funnel to the RL reward (graded symbolically for ``math``), and ``rl.reward`` naming a user function that the RL
+step, GRPO-RoC selection and the DAG-time check all use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import REPO, stage_params
+from test_rl_trainer import CyclingModel, _fake_trainer
+
+from rstar2.data.curate import curate
+from rstar2.grading import final_turn_text, rewards
+from rstar2.io import read_jsonl
+from rstar2.rl.trainer import RolloutFunc
+from rstar2.rollout import RolloutConfig
+
+MATH = REPO / "data/rl/math_nonint/math_nonint.jsonl"
+MATH_SOURCE = {"name": "math_nonint", "path": str(MATH), "answer_type": "math",
+               "fields": {"problem": "problem", "answer": "answer", "id": "id"}}
+INT_SOURCE = {"name": "my_problems", "path": str(REPO / "data/examples/custom_problems.csv"),
+              "fields": {"problem": "question_text", "answer": "final", "id": "qid"}}
+# the user's reward of the RoC test: it pays the near-miss (the opposite of the answer reward), so what RoC keeps
+# shows which reward it saw
+USER_REWARD = '''
+def near_miss(completion, answer, answer_type):
+    return 1.0 if "6.667" in completion else 0.0
+
+def two_args(completion, answer):
+    return 1.0
+
+def says_yes(completion, answer, answer_type):
+    return "yes"
+
+def raises(completion, answer, answer_type):
+    raise KeyError("solution")
+
+def by_length(completion, answer, answer_type):
+    return float(len(completion) % 2)
+'''
+
+
+def _say(ans: str) -> str:
+    return f"It is {ans}.</reason>\n<answer>\\boxed{{{ans}}}</answer><|im_end|>"
+
+
+def _row(answer: str) -> dict:
+    return next(r for r in read_jsonl(MATH) if r["answer"] == answer)
+
+
+def test_funnel_skips_the_integer_filter_for_a_math_source_and_rows_carry_their_type():
+    rows, funnel = curate([INT_SOURCE, MATH_SOURCE], {}, max_abs_answer=10**9, near_dedupe={"enabled": False})
+    by_source = {s: [r for r in rows if r["source"] == s] for s in ("my_problems", "math_nonint")}
+    assert len(by_source["math_nonint"]) == 50 and len(by_source["my_problems"]) == 5
+    assert {r["answer_type"] for r in by_source["math_nonint"]} == {"math"}
+    assert {r["answer_type"] for r in by_source["my_problems"]} == {"integer"}
+    assert {r["id"]: r["answer"] for r in by_source["math_nonint"]}["math_nonint-24"] == "\\frac{20}{3}"
+    assert funnel["integer_filter_skipped"] == {"math_nonint": "math"}
+    assert funnel["per_source"]["math_nonint"]["integer_answer"] == 50
+    # the same rows as an integer source: the paper's filter drops every one of them
+    _, as_int = curate([{**MATH_SOURCE, "answer_type": "integer"}], {}, max_abs_answer=10**9,
+                       near_dedupe={"enabled": False})
+    assert as_int["total"]["integer_answer"] == 0 and as_int["integer_filter_skipped"] == {}
+    with pytest.raises(ValueError, match=r"rl_data.sources\[0\] \(math_nonint\): answer_type must be one of"):
+        curate([{**MATH_SOURCE, "answer_type": "fraction"}], {}, max_abs_answer=10**9)
+
+
+def _roll(tok, tmp_path, row: dict, turns: list[str], reward: str = "answer") -> list[dict]:
+    fn = RolloutFunc({row["problem"]: {"id": f"math_nonint-{row['id']}", "answer": row["answer"],
+                                       "answer_type": "math"}},
+                     RolloutConfig(max_response_tokens=200, batch_size=8), group_size=4, oversample=2,
+                     mode="grpo_roc", positive_selection="inverse_prob", seed=0, out_dir=str(tmp_path),
+                     reward=reward)
+    fn([row["problem"]] * 4, _fake_trainer(CyclingModel(tok, turns), tok))
+    return read_jsonl(tmp_path / "rollouts.jsonl")
+
+
+def test_math_rows_are_graded_symbolically_in_the_rl_step(qwen_tokenizer, tmp_path):
+    """A real row whose gold is 20/3: the exact fraction (also unreduced) scores 1, near misses 0."""
+    turns = [_say("\\frac{20}{3}"), _say("6.667"), _say("\\frac{40}{6}"), _say("\\frac{20}{4}")] * 2
+    records = _roll(qwen_tokenizer, tmp_path, _row("\\frac{20}{3}"), turns)
+    assert len(records) == 8 and {r["answer_type"] for r in records} == {"math"}
+    assert {r["pred"]: r["reward"] for r in records} == {"\\frac{20}{3}": 1.0, "\\frac{40}{6}": 1.0,
+                                                         "6.667": 0.0, "\\frac{20}{4}": 0.0}
+    assert all((r["advantage"] > 0) == (r["reward"] > 0) for r in records if r["kept"])
+
+
+def test_a_user_reward_is_what_roc_selects_on(qwen_tokenizer, tmp_path, monkeypatch):
+    (tmp_path / "my_reward.py").write_text(USER_REWARD)
+    monkeypatch.chdir(tmp_path)
+    turns = [_say("\\frac{20}{3}"), _say("6.667"), _say("\\frac{40}{6}"), _say("\\frac{20}{4}")] * 2
+    records = _roll(qwen_tokenizer, tmp_path / "out", _row("\\frac{20}{3}"), turns, reward="my_reward:near_miss")
+    assert {r["pred"]: r["reward"] for r in records} == {"\\frac{20}{3}": 0.0, "\\frac{40}{6}": 0.0,
+                                                         "6.667": 1.0, "\\frac{20}{4}": 0.0}
+    kept_pos = [r for r in records if r["kept"] and r["advantage"] > 0]
+    assert kept_pos and all(r["pred"] == "6.667" for r in kept_pos)
+
+
+def test_a_wrong_user_reward_fails_its_check_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "my_reward.py").write_text(USER_REWARD)
+    monkeypatch.chdir(tmp_path)
+    row = {"id": "r1", "answer": "\\frac{20}{3}", "answer_type": "math"}
+    rewards.check("answer", row)
+    rewards.check("my_reward:near_miss", row)
+    for spec, says in [("my_reward:two_args", "must accept (completion, answer, answer_type)"),
+                       ("my_reward:says_yes", "returned 'yes', not a finite number"),
+                       ("my_reward:raises", "the dry call on row 'r1' raised KeyError"),
+                       ("my_reward:missing", "has no function 'missing'"),
+                       ("no_such_module:f", "module 'no_such_module' cannot be imported"),
+                       ("just_a_name", "expected a built-in (answer) or 'module:function'")]:
+        with pytest.raises(ValueError) as e:
+            rewards.check(spec, row)
+        assert str(e.value).startswith(f"rl.reward {spec!r}: ") and says in str(e.value) and "\n" not in str(e.value)
+
+
+def _stopping_tiny_model(path: Path) -> None:
+    """The tiny random model, changed so that its turns end early: the final norm keeps one hidden unit, whose
+    only output weight is <|im_end|>'s (tied embeddings), so about every other token it samples is <|im_end|>.
+    Without it every tiny-model rollout is cut at the token limit and is never graded."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rstar2 import models
+
+    models.materialise({"source": "tiny_qwen3", "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 4}}, path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        head = model.get_output_embeddings().weight
+        head[:, 0] = 0.0
+        head[model.config.eos_token_id, 0] = 300.0
+    model.save_pretrained(path)
+
+
+def test_a_tiny_rl_stage_on_a_math_source_with_a_user_reward(tmp_path, monkeypatch):
+    """The RL stage end to end (tiny random model, one step): every rollout is graded as math by the user's
+    reward, whose value is what rollouts.jsonl records."""
+    from rstar2.stages import rl
+
+    (tmp_path / "my_reward.py").write_text(USER_REWARD)
+    monkeypatch.chdir(tmp_path)
+    _stopping_tiny_model(tmp_path / "model")
+    rows, _ = curate([MATH_SOURCE], {}, max_abs_answer=10**9, near_dedupe={"enabled": False})
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    params = stage_params("rl", "stage1", overrides={"seed": 0, "rl": {
+        "reward": "my_reward:by_length", "group_size": 2, "oversample": 2, "prompts_per_step": 2,
+        "checkpoint_every": 0, "heldout": {"benchmark": None},
+        "stages": {"stage1": {"max_response_tokens": 24, "max_turns": 1, "steps": 1}}}})
+    rl.run(params, str(tmp_path / "model"), str(tmp_path / "train.jsonl"), str(tmp_path / "rl"))
+    records = read_jsonl(tmp_path / "rl" / "rollouts.jsonl")
+    assert len(records) == 8 and {r["answer_type"] for r in records} == {"math"}
+    graded = [r for r in records if not r["truncated"]]
+    assert len({r["reward"] for r in graded}) == 2, "the rollouts should end early and be graded both ways"
+    for r in records:
+        want = 0.0 if r["truncated"] else float(len(final_turn_text(r["turns"][-1]["text"])) % 2)
+        assert r["reward"] == want, r
+    assert (tmp_path / "rl" / "manifest.json").exists()
+
+    bad = {**params, "reward": "my_reward:two_args"}
+    with pytest.raises(ValueError, match=r"rl.reward 'my_reward:two_args': must accept"):
+        rl.run(bad, str(tmp_path / "model"), str(tmp_path / "train.jsonl"), str(tmp_path / "rl_bad"))
+    assert not Path(tmp_path / "rl_bad" / "metrics.jsonl").exists()
+
+
+def test_hard_problem_mining_grades_each_row_with_its_type(qwen_tokenizer, tmp_path):
+    """Mining counts passes with the row's answer_type: under the integer grader no 20/3 could ever pass."""
+    from rstar2.stages import hard_problems
+
+    rows, _ = curate([MATH_SOURCE], {}, max_abs_answer=10**9, near_dedupe={"enabled": False})
+    row = next(r for r in rows if r["answer"] == "\\frac{20}{3}")
+    (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n")
+    params = stage_params("hard_problems", overrides={"hard_problems": {"k": 2, "min_passes": 0, "subset_size": 0,
+                                                                        "max_response_tokens": 200}})
+    model = CyclingModel(qwen_tokenizer, [_say("20/3"), _say("6.667")])
+    hard_problems.run(params, "", str(tmp_path / "train.jsonl"), str(tmp_path / "hard"),
+                      model_and_tokenizer=(model, qwen_tokenizer))
+    (mined,) = read_jsonl(tmp_path / "hard" / "hard.jsonl")
+    assert (mined["passes"], mined["k"], mined["answer_type"]) == (1, 2, "math")
+
+
+def test_rl_reward_is_checked_when_the_dag_is_built(tmp_path):
+    """A user reward with a wrong signature fails `snakemake -n` in one line naming rl.reward; a right one plans."""
+    from conftest import copy_workflow
+    from test_workflow import smk
+
+    wd = copy_workflow(tmp_path / "wf")
+    (wd / "my_reward.py").write_text(USER_REWARD)
+    for spec, ok in [("my_reward:two_args", False), ("my_reward:near_miss", True)]:
+        cfg = tmp_path / f"{spec.split(':')[1]}.yaml"
+        cfg.write_text(f"rl: {{reward: '{spec}'}}\n")
+        proc = smk(wd, "-n", "--configfile", "configs/tiny.yaml", str(cfg), check=False)
+        out = proc.stdout + proc.stderr
+        if ok:
+            assert proc.returncode == 0, out[-2000:]
+            continue
+        assert proc.returncode != 0 and "Traceback" not in out
+        (line,) = [ln for ln in out.splitlines() if "rl.reward" in ln]
+        assert f"config: rl.reward '{spec}': must accept (completion, answer, answer_type)" in line
+
+
+@pytest.mark.slow
+def test_custom_data_example_runs_end_to_end_on_the_tiny_model(tmp_path):
+    """configs/custom_data.example.yaml over the tiny config, from the base model to the report (one RL stage,
+    one evaluated model to keep it short): the math source's problems are rolled out and graded as math."""
+    from conftest import copy_workflow
+    from test_workflow import smk
+
+    wd = copy_workflow(tmp_path / "wf")
+    short = tmp_path / "short.yaml"
+    short.write_text("rl: {stages: {stage2: null, stage3: null}}\n"
+                     "evaluate: {models: [rl_stage1], benchmarks: [math500]}\n")
+    smk(wd, "--cores", "2", "--configfile", "configs/tiny.yaml", "configs/custom_data.example.yaml", str(short),
+        timeout=1500)
+    train = read_jsonl(wd / "results/rl_data/train.jsonl")
+    types = {r["problem"]: r["answer_type"] for r in train}
+    assert {r["source"] for r in train} == {"my_problems", "math_nonint"} and set(types.values()) == {"integer", "math"}
+    records = read_jsonl(wd / "results/rl/stage1/rollouts.jsonl")
+    assert records and all(r["answer_type"] == types[r["question"]] for r in records)
+    assert read_jsonl(wd / "results/eval/rl_stage1/math500/per_problem.jsonl")
+    assert (wd / "results/report/manifest.json").exists()
