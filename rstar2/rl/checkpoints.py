@@ -32,7 +32,8 @@ def checkpoint_root(out_dir: str | os.PathLike) -> Path:
 # The code that defines a rollout's reward and advantage: a checkpoint trained under other rules (a grading
 # fix, a different tool-call parser) is another experiment, not one to resume.
 REWARD_MODULES = ("grading/__init__.py", "grading/extraction.py", "grading/normalize.py", "grading/integer.py",
-                  "grading/symbolic.py", "grading/choice.py", "grading/answers.py", "chat.py", "rl/roc.py")
+                  "grading/symbolic.py", "grading/choice.py", "grading/answers.py", "grading/rewards.py", "chat.py",
+                  "rl/roc.py")
 PACKAGE = Path(__file__).resolve().parents[1]
 
 
