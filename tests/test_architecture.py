@@ -329,3 +329,37 @@ def test_rule_subcommand_and_module_share_one_name():
         assert (root / "rstar2" / "stages" / f"{stage}.py").is_file(), stage
         assert re.search(rf'a\.stage == "{sub}":\n\s+from \.stages import {stage}\n', dispatch), sub
     assert cli.ALIASES == {"rl-data": ["label-verification"]}
+
+
+def test_every_enum_the_code_checks_is_the_schema_s():
+    """A value the schema accepts must be one the code handles, and the reverse: each closed set of names in the
+    code equals the enum of its config key."""
+    from rstar2 import models, precision
+    from rstar2.data import loaders
+    from rstar2.data.sft import sources
+    from rstar2.rl import roc
+    from rstar2.rollout import agent_loop
+    from rstar2.sandbox import isolation
+
+    def enum(*path):
+        """The enum at ``path`` (``$defs`` entries by their name), or its items' enum for an array."""
+        node = SCHEMA["$defs"] if path[0] in SCHEMA["$defs"] else SCHEMA["properties"]
+        for key in path:
+            node = node[key]
+            if key != path[-1]:
+                node = node.get("properties", node)
+        return set(node["enum"] if "enum" in node else node["items"]["enum"])
+    pairs = {
+        "rollout.engine": (enum("rollout", "engine"), set(agent_loop.ENGINES)),
+        "rollout.scheduler": (enum("rollout", "scheduler"), set(agent_loop.SCHEDULERS)),
+        "rollout.precision": (enum("rollout", "precision"), set(precision.ROLLOUT_SETTINGS)),
+        "rl.mode": (enum("rl", "mode"), set(roc.MODES)),
+        "ablation.modes": (enum("ablation", "modes"), set(roc.MODES)),
+        "rl.positive_selection": (enum("rl", "positive_selection"), set(roc.POSITIVE_SELECTIONS)),
+        "sandbox.isolation": (enum("sandbox", "isolation"), set(isolation.MODES)),
+        "model.source": (enum("model", "source"), set(models.SOURCES)),
+        "sft_data.sources[].format": (enum("sft_source", "format"), set(sources.FORMATS)),
+        "rl_data.sources[].format": (enum("source", "format"), set(loaders._EXTENSION_FORMATS.values())),
+    }
+    wrong = {key: (schema, code) for key, (schema, code) in pairs.items() if schema != code}
+    assert wrong == {}

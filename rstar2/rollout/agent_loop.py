@@ -39,6 +39,10 @@ class ToolConfig:
         return sandbox.SandboxLimits(timeout_s=self.timeout_s, memory_mb=self.memory_mb)
 
 
+ENGINES = ("hf", "vllm", "server")     # rollout.engine
+SCHEDULERS = ("balanced", "static")    # rollout.scheduler
+
+
 @dataclass
 class RolloutConfig:
     """Sampling, loop limits and rollout-engine settings. Token counts are in the policy tokenizer's tokens.
@@ -88,7 +92,7 @@ class RolloutConfig:
     def __post_init__(self):
         if isinstance(self.tool, dict):
             self.tool = ToolConfig(**self.tool)
-        if self.engine not in ("hf", "vllm", "server"):
+        if self.engine not in ENGINES:
             raise ValueError(f"rollout.engine must be 'hf', 'vllm' or 'server', got {self.engine!r}")
         if self.engine == "server" and not self.server_urls:
             raise ValueError("rollout.engine 'server' needs rollout.server_urls")
@@ -96,7 +100,7 @@ class RolloutConfig:
         if self.precision not in precision_lib.ROLLOUT_SETTINGS:
             raise ValueError(f"rollout.precision must be one of {list(precision_lib.ROLLOUT_SETTINGS)}, "
                              f"got {self.precision!r}")
-        if self.scheduler not in ("balanced", "static"):
+        if self.scheduler not in SCHEDULERS:
             raise ValueError(f"rollout.scheduler must be 'balanced' or 'static', got {self.scheduler!r}")
         for name in ("max_response_tokens", "max_turns", "batch_size", "num_engines", "max_calls_per_turn",
                      "max_inflight_per_engine"):

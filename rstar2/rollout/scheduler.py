@@ -34,7 +34,7 @@ import asyncio
 from collections import Counter, deque
 from typing import Callable
 
-from .agent_loop import AgentLoop, Trajectory
+from .agent_loop import SCHEDULERS, AgentLoop, Trajectory
 
 
 def policy_name(mode: str, reproducible: bool) -> str:
@@ -72,7 +72,7 @@ class Scheduler:
                  kv_cache_tokens: int | None = None, max_inflight: int | None = None, reproducible: bool = False):
         if not engines:
             raise ValueError("the scheduler needs at least one engine")
-        if mode not in ("balanced", "static"):
+        if mode not in SCHEDULERS:
             raise ValueError(f"scheduler mode must be 'balanced' or 'static', got {mode!r}")
         self.engines, self.agent, self.mode = list(engines), agent, mode
         self.L, self.kv_override, self.max_inflight = max_response_tokens, kv_cache_tokens, max_inflight
