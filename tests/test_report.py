@@ -167,10 +167,11 @@ def test_report_full(tmp_path, fake_inputs):
     assert len(manifest["inputs"]) == 6
 
 
-def test_report_uses_rl_data_funnel_png_and_declared_paper_columns(tmp_path, fake_inputs):
-    """rl_data's own funnel.png is shown as is; a benchmark that declares its paper column (hmmt) gets it."""
+def test_report_draws_the_funnel_and_uses_declared_paper_columns(tmp_path, fake_inputs):
+    """The report draws the funnel from funnel.json with the curation stages' own plotter (a stale funnel.png
+    beside it is not copied); a benchmark that declares its paper column (hmmt) gets it."""
     funnel_png = tmp_path / "rl_data" / "funnel.png"
-    funnel_png.write_bytes(PNG_MAGIC + b"rl_data's own funnel" * 100)
+    funnel_png.write_bytes(PNG_MAGIC + b"a stale funnel" * 100)
     _write_json(tmp_path / "eval" / "sft" / "summary.json", {"model": "sft", "benchmarks": {
         "hmmt_february": {"n_problems": 30, "k": 4, "avg_at_k": 0.1, "avg_at_k_ci": [0.0, 0.2],
                           "paper": "HMMT Feb25", "answer_type": "math", "maj_at_k": 0.2},
@@ -178,7 +179,8 @@ def test_report_uses_rl_data_funnel_png_and_declared_paper_columns(tmp_path, fak
                          "answer_type": "choice"}}})
     out = tmp_path / "report"
     report.run(_rp(dpi=60), fake_inputs, str(out))
-    assert (out / "funnel.png").read_bytes() == funnel_png.read_bytes()
+    drawn = (out / "funnel.png").read_bytes()
+    assert drawn.startswith(PNG_MAGIC) and drawn != funnel_png.read_bytes() and len(drawn) > 1000
     md = (out / "summary.md").read_text()
     assert "| model | source | hmmt_february | aime24 | aime25 |" in md
     assert "| rStar2-Agent-14B | paper Table 3 (avg@16) | 52.7 | 80.6 | 69.8 |" in md

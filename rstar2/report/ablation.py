@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .canvas import new_figure, no_data, save
 from .document import Figure, Heading, Para, Table
-from .inputs import num
+from .inputs import accuracy_interval as _ci, num
 
 PANELS = [  # (title, source, key)
     ("training reward (3-step moving average)", "metrics", "reward_mean"),
@@ -124,11 +124,6 @@ def _with_interval(mi, fmt, bounds: tuple[float, float] | None = None) -> str:
 
 def _signed(fmt):
     return lambda x: ("+" if x > 0 else "") + fmt(x)
-
-
-def _ci(row: dict | None) -> tuple:
-    ci = (row or {}).get("accuracy_ci")
-    return tuple(ci[:2]) if isinstance(ci, list) and len(ci) >= 2 else (None, None)
 
 
 def _acc_text(row: dict | None) -> str:

@@ -54,6 +54,23 @@ def iter_json_lines(path: Path, notes: list[str]) -> Iterator[dict]:
                 yield row
 
 
+def interval(row: dict | None, key: str = "avg_at_k_ci", percent: bool = True,
+             min_problems: int = 1) -> tuple[float | None, float | None]:
+    """The 95% bootstrap interval ``row[key]`` (``rstar2.metrics.bootstrap_ci``'s [lo, hi], fractions) as
+    (lo, hi), in percent with ``percent``; (None, None) when it is not a pair, or the row's ``n_problems`` is
+    below ``min_problems`` (a bootstrap over one problem is a point)."""
+    ci, n = (row or {}).get(key), num((row or {}).get("n_problems"))
+    if not isinstance(ci, (list, tuple)) or len(ci) < 2 or (n if n is not None else min_problems) < min_problems:
+        return None, None
+    lo, hi = num(ci[0]), num(ci[1])
+    return (pct(lo), pct(hi)) if percent else (lo, hi)
+
+
+def accuracy_interval(row: dict | None) -> tuple[float | None, float | None]:
+    """(lo, hi) of a held-out row's ``accuracy_ci`` (fractions; ``rstar2.rl.heldout``), or (None, None)."""
+    return interval(row, "accuracy_ci", percent=False)
+
+
 def step_rows(path: Path, notes: list[str]) -> list[dict]:
     """Rows of a per-step log (``metrics.jsonl``, ``heldout.jsonl``), the last one per ``step``, in step order.
 
@@ -95,7 +112,6 @@ class Inputs:
     evals: dict[str, dict | None] = field(default_factory=dict)        # model -> summary.json
     eval_dirs: dict[str, Path] = field(default_factory=dict)
     funnel: dict | None = None
-    funnel_png: Path | None = None
     heldout: dict[str, list[dict]] = field(default_factory=dict)       # stage -> heldout.jsonl rows
     ablation: list[dict] = field(default_factory=list)                 # {"mode", "seed", "metrics", "heldout"}
     notes: list[str] = field(default_factory=list)
@@ -140,8 +156,6 @@ def load(inputs: dict) -> Inputs:
         if (d / "funnel.json").is_file():
             got.read.append(str(d / "funnel.json"))
         got.funnel = read_json(d / "funnel.json", got.notes)
-        if (d / "funnel.png").is_file():
-            got.funnel_png = d / "funnel.png"
     return got
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .canvas import new_figure, no_data, save
 from .document import Figure, Heading, Para, Table
-from .inputs import iter_json_lines, num, pct
+from .inputs import interval as _ci, iter_json_lines, num, pct
 from .plots import cumulative_x
 from .trajectories import render
 
@@ -26,11 +26,6 @@ FIGURE = "learning_result.png"
 def _entry(summary: dict | None, bench: str) -> dict | None:
     e = ((summary or {}).get("benchmarks") or {}).get(bench)
     return e if isinstance(e, dict) and num(e.get("avg_at_k")) is not None else None
-
-
-def _ci(e: dict) -> tuple[float | None, float | None]:
-    ci = e.get("avg_at_k_ci")
-    return (pct(ci[0]), pct(ci[1])) if isinstance(ci, list) and len(ci) == 2 else (None, None)
 
 
 def _fmt(x, digits: int = 1) -> str:

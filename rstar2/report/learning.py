@@ -14,7 +14,7 @@ from pathlib import Path
 from .ablation import ablation_section, plot_ablation  # noqa: F401  (the report stage's ablation entry points)
 from .canvas import new_figure, no_data, save
 from .document import Figure, Heading, Para, Table
-from .inputs import num
+from .inputs import accuracy_interval as _ci, num
 
 def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
     """Held-out accuracy per evaluation step with its 95% interval as error bars, one series per RL stage."""
@@ -48,12 +48,6 @@ def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
 
 def _fmt_pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
-
-
-def _ci(row: dict) -> tuple:
-    """(lo, hi) of a held-out row's ``accuracy_ci`` as given, or (None, None) when it is not a pair."""
-    ci = row.get("accuracy_ci")
-    return tuple(ci[:2]) if isinstance(ci, list) and len(ci) >= 2 else (None, None)
 
 
 def _ci_text(row: dict | None) -> str:

@@ -1,7 +1,7 @@
 """Figures of the report, drawn on ``matplotlib.figure.Figure`` with the Agg canvas (no pyplot state, no display).
 
 - ``training_curves.png``: the RL curves of paper Figs. 4, 8, 9 over all stages (x = step, cumulative);
-- ``funnel.png``: the RL data funnel (rl_data's own ``funnel.png`` is used instead when it exists);
+- ``funnel.png``: the RL data funnel (``plot_funnel``, also what the curation stages write);
 - ``eval.png``: avg@k per benchmark with bootstrap CIs beside the paper's rStar2-Agent-14B numbers.
 """
 
@@ -79,52 +79,58 @@ def plot_training(stages: dict[str, list[dict]], path: Path, dpi: int):
     return fig
 
 
-def plot_funnel(funnel: dict | None, path: Path, dpi: int) -> None:
-    """Problems remaining after each curation step stacked by source, and drops by reason."""
+def _stacked(ax, labels: list[str], per_source: dict[str, list[float]]) -> None:
+    """Horizontal bars, one per label, stacked by source, with each bar's total at its end."""
     import matplotlib
 
-    fig = new_figure(14, 5.5)
-    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-    per_source = (funnel or {}).get("per_source") or {}
-    steps = list((funnel or {}).get("steps") or [])
+    colors = matplotlib.colormaps["tab10"].colors
+    left = [0.0] * len(labels)
+    for i, (src, vals) in enumerate(per_source.items()):
+        ax.barh(range(len(labels)), vals, left=left, color=colors[i % len(colors)], label=src)
+        left = [a + b for a, b in zip(left, vals)]
+    for yi, tot in enumerate(left):
+        ax.text(tot, yi, f" {int(tot):,}", va="center", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.margins(x=0.15)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def plot_funnel(funnel: dict | None, path: Path, dpi: int) -> None:
+    """The RL data funnel (paper §4.2), written by the curation stages and drawn again by the report. Left: problems
+    left after each step (``funnel["steps"]``; skipped steps labelled so), stacked by source, total at the end of
+    each bar. Right: problems dropped per reason, stacked by source (``drops_per_source``; the totals ``drops``
+    alone where a funnel has no per-source split). Missing or malformed parts give "no data" panels."""
+    funnel = funnel or {}
+    per_source = funnel.get("per_source") or {}
+    status = funnel.get("step_status") or {}
+    steps = list(funnel.get("steps") or [])
     for counts in per_source.values():
-        for st in (counts or {}):
-            if st not in steps:
-                steps.append(st)
+        steps += [st for st in (counts or {}) if st not in steps]
+    fig = new_figure(13, 0.45 * max(len(steps), 6) + 2)
+    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     if per_source and steps:
-        colors = matplotlib.colormaps["tab20"].colors
-        y = list(range(len(steps)))
-        left = [0.0] * len(steps)
-        for i, (src, counts) in enumerate(per_source.items()):
-            vals = [_num((counts or {}).get(st)) or 0.0 for st in steps]
-            ax1.barh(y, vals, left=left, color=colors[i % len(colors)], label=src)
-            left = [a + b for a, b in zip(left, vals)]
-        for yi, tot in zip(y, left):
-            ax1.text(tot, yi, f" {int(tot):,}", va="center", fontsize=8)
-        ax1.margins(x=0.15)
-        ax1.set_yticks(y, steps)
-        ax1.invert_yaxis()
+        _stacked(ax1, [f"{st} (skipped)" if status.get(st) == "skipped" else st for st in steps],
+                 {src: [_num((c or {}).get(st)) or 0.0 for st in steps] for src, c in per_source.items()})
         ax1.set_xlabel("problems")
         ax1.legend(fontsize=7, loc="lower right")
-        ax1.grid(axis="x", alpha=0.3)
     else:
         no_data(ax1)
-    ax1.set_title("problems remaining after each step, by source")
-    drops = {k: _num(v) for k, v in ((funnel or {}).get("drops") or {}).items()}
-    drops = {k: v for k, v in drops.items() if v is not None}
-    if drops:
-        items = sorted(drops.items(), key=lambda kv: kv[1])
-        ax2.barh(range(len(items)), [v for _, v in items], color="tab:red")
-        for yi, (_, v) in enumerate(items):
-            ax2.text(v, yi, f" {int(v):,}", va="center", fontsize=8)
-        ax2.margins(x=0.15)
-        ax2.set_yticks(range(len(items)), [k for k, _ in items])
+    ax1.set_title("problems left after each step, by source")
+    by_source = funnel.get("drops_per_source") or {"all sources": funnel.get("drops") or {}}
+    totals: dict[str, float] = {}
+    for d in by_source.values():
+        for reason, v in (d or {}).items():
+            if _num(v) is not None:
+                totals[reason] = totals.get(reason, 0.0) + _num(v)
+    if totals:
+        reasons = sorted(totals, key=lambda r: -totals[r])
+        _stacked(ax2, reasons, {src: [_num((d or {}).get(r)) or 0.0 for r in reasons] for src, d in by_source.items()})
         ax2.set_xlabel("problems dropped")
-        ax2.grid(axis="x", alpha=0.3)
     else:
-        no_data(ax2)
-    ax2.set_title("drops by reason")
-    fig.suptitle("RL data funnel")
+        no_data(ax2, "no rows dropped" if funnel else NO_DATA)
+    ax2.set_title("drops by reason (colours: sources)")
+    fig.suptitle("RL data funnel (paper §4.2)")
     save(fig, path, dpi)
 
 

@@ -8,7 +8,7 @@ from . import paper
 from .canvas import NO_DATA
 from .faults import faults
 from .document import Figure, Heading, Para, Table
-from .inputs import benchmarks_of, num, pct
+from .inputs import benchmarks_of, interval, num, pct
 
 
 def fmt(x, digits: int = 1) -> str:
@@ -34,10 +34,7 @@ def fmt_seconds(s) -> str:
 
 def _ci(e: dict) -> tuple[float | None, float | None]:
     """The 95% interval in percent; none for fewer than 2 problems, where a bootstrap over problems is a point."""
-    ci = e.get("avg_at_k_ci")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and (num(e.get("n_problems")) or 2) >= 2:
-        return pct(ci[0]), pct(ci[1])
-    return None, None
+    return interval(e, min_problems=2)
 
 
 def _with_ci(e: dict | None) -> str:

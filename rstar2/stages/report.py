@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import time
 from pathlib import Path
 
-from ..io import atomic_path, atomic_write_text, write_manifest
+from ..io import atomic_write_text, write_manifest
 from ..params import to_dict
 from ..report import inputs as report_inputs
 from ..report import lead, learning, plots, sections, trajectories
@@ -82,11 +81,7 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
 
     lead.plot_lead(got.evals, got.stages, p.lead_benchmark, out / lead.FIGURE, dpi)
     plots.plot_training(got.stages, out / "training_curves.png", dpi)
-    if got.funnel_png is not None:      # rl_data drew the funnel itself: show that one
-        with atomic_path(out / "funnel.png") as tmp:
-            shutil.copyfile(got.funnel_png, tmp)
-    else:
-        plots.plot_funnel(got.funnel, out / "funnel.png", dpi)
+    plots.plot_funnel(got.funnel, out / "funnel.png", dpi)
     plots.plot_eval(got.evals, report_inputs.benchmarks_of(got.evals), out / "eval.png", dpi)
     learning.plot_learning(got.heldout, out / "learning_curve.png", dpi)
     learning.plot_ablation(got.ablation, out / "ablation.png", dpi)

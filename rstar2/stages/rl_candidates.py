@@ -8,7 +8,7 @@ Outputs in ``out_dir``:
                    (+ "origin", "language" when the source maps them)
     funnel.json    the curation funnel (see rstar2.data.curate.curate), plus the optional "limit" step
     funnel.csv     source x step table of row counts (last row: total), then one column per drop reason
-    funnel.png     the funnel as a figure (rstar2.data.funnel_plot)
+    funnel.png     the funnel as a figure (rstar2.report.plots.plot_funnel, the report's own)
     manifest.json  written last (rstar2.io.write_manifest)
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from ..data.benchmarks import load_benchmark
 from ..data.curate import curate, format_funnel, funnel_table
 from ..data.loaders import WORKING_DIR, resolve_path
-from ..io import atomic_path, atomic_write_text, write_json, write_jsonl, write_manifest
+from ..io import atomic_write_text, write_json, write_jsonl, write_manifest
 from ..params import to_dict
 from .params import RLDataParams, parse
 
@@ -82,12 +82,11 @@ def run(params: dict, out_dir: str) -> None:
 def write_funnel(out: Path, funnel: dict) -> None:
     """Write ``funnel.json``, ``funnel.csv`` (counts per step, then drops per reason) and ``funnel.png``, and
     print the funnel table to the log."""
-    from ..data.funnel_plot import plot_funnel
+    from ..report.plots import plot_funnel
 
     write_json(out / "funnel.json", funnel)
     atomic_write_text(out / "funnel.csv", _csv(funnel_table(funnel, with_drops=True)))
-    with atomic_path(out / "funnel.png") as tmp:
-        plot_funnel(funnel, tmp)
+    plot_funnel(funnel, out / "funnel.png", dpi=120)
     print(format_funnel(funnel), flush=True)
 
 

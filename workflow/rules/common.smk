@@ -226,7 +226,7 @@ def report_files():
     runs = [f"results/{run}/{log}" for run in RL_RUNS for log in ("metrics.jsonl", "rollouts.jsonl", "heldout.jsonl")]
     evals = [f"results/eval/{m}/{f}" for m in config["evaluate"]["models"]
              for f in ["summary.json", *(f"{b}/per_problem.jsonl" for b in config["evaluate"]["benchmarks"])]]
-    return runs + evals + ["results/rl_data/funnel.json", "results/rl_data/funnel.png"]
+    return runs + evals + ["results/rl_data/funnel.json"]
 
 
 def all_manifests():
