@@ -89,7 +89,7 @@ EOF
 }
 
 start() {
-  [ "$(id -u)" -eq 0 ] || die "cannot start: needs root (slurmd runs jobs as their user; this script starts it as root)"
+  [ "$(id -u)" -eq 0 ] || die "cannot start: needs root (to install packages and start munged, slurmctld and slurmd as root)"
   command -v python3 >/dev/null 2>&1 || die "cannot start: python3 missing (used to pick free ports)"
   install_missing
   [ -e /etc/slurm/slurm.conf ] && die "cannot start: /etc/slurm/slurm.conf exists (a system cluster), which job steps would read instead of this cluster's config"

@@ -182,3 +182,15 @@ def test_failed_job_shows_its_own_one_line_error(slurm, tmp_path):
     assert r.returncode != 0
     line = f"rstar2 rl-data: error: dataset 'mine' (file hub:{ds}): no split 'test'; splits: ['train']"
     assert line in r.stdout + r.stderr, (r.stdout + r.stderr)[-4000:]
+
+
+def test_start_without_root_fails_with_one_line(tmp_path):
+    """What a machine where SLURM cannot start gets: one line naming what is missing, exit status 1."""
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    if drop and not shutil.which("setpriv"):
+        pytest.skip("setpriv (util-linux) is needed to drop root")
+    env = {**os.environ, "RSTAR2_SLURM_DIR": str(tmp_path / "slurm")}
+    r = subprocess.run([*drop, str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines() == ["local_slurm: cannot start: needs root (to install packages and start munged, "
+                                     "slurmctld and slurmd as root)"], r.stderr
