@@ -50,6 +50,13 @@ write_config() {
   host="$(hostname -s)"
   mem=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024 ))   # MB, as slurmd -C counts it
   ctl_port="$(free_port)"; d_port="$(free_port)"
+  # Bind the daemons to the address the host name resolves to, not to every interface, when that is loopback
+  # (the usual /etc/hosts entry): then the cluster is reachable from this machine only.
+  bind=""
+  case "$(getent hosts "$host" | awk '{print $1; exit}')" in
+    127.*) bind="CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" ;;
+    *) echo "local_slurm: $host does not resolve to a loopback address; slurmctld and slurmd listen on all interfaces" >&2 ;;
+  esac
   mkdir -p "$DIR"/{state,spool,log,munge}
   cat >"$CONF" <<EOF
 # written by scripts/local_slurm.sh: a one-node cluster on localhost
@@ -57,6 +64,7 @@ ClusterName=rstar2local
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctl_port
 SlurmdPort=$d_port
+$bind
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
