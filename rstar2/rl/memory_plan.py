@@ -2,7 +2,7 @@
 
 Pure arithmetic (no torch): the workflow calls it at parse time (workflow/rules/rl.smk), so ``snakemake -n``
 prints it and a config that cannot fit fails before a job is queued. Units: bytes; GB = 1e9 bytes, the unit
-of ``distributed.gpu_memory_gb`` and of vLLM's ``gpu_memory_utilization`` x total memory.
+of ``distributed.gpu_memory_gb`` (or the memory of ``distributed.gpu``, rstar2/gpus.py) and of vLLM's ``gpu_memory_utilization`` x total memory.
 
 What is counted, per training process (one GPU) of a stage, in its two phases:
   * training state: float32 weights (the stages load every model in float32), float32 gradients and AdamW's
@@ -26,6 +26,8 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from rstar2.gpus import memory_bytes
 
 GB = 1e9
 VLLM_OVERHEAD_BYTES = 2.0e9   # vLLM besides weights and KV: profile-run activations (TRL caps max_num_batched_tokens
@@ -143,7 +145,7 @@ def placement(dist: dict, world_size: int, accelerate_cfg: dict | None) -> Place
         strategy, sharded = f"DeepSpeed ZeRO-{stage}", (stage >= 3, stage >= 2, stage >= 1)
     else:
         strategy, sharded = ("DDP" if world_size > 1 else "one process"), (False, False, False)
-    return Placement(dist["gpu_memory_gb"] * GB, world_size, strategy, sharded, dist["bf16"],
+    return Placement(memory_bytes(dist), world_size, strategy, sharded, dist["bf16"],
                      dist["gradient_checkpointing"])
 
 

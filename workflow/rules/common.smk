@@ -199,8 +199,20 @@ def _rl_memory_plan():
     for plan in plans:
         print("memory plan " + "\n".join(plan.lines), file=sys.stderr)
     errors = [f"{plan.stage}: {e}" for plan in plans for e in plan.errors]
+    from rstar2.rl.dag_checks import refusals
+
+    per_job = {f: job_resources(f).get("gpu", 0) * job_resources(f).get("nodes", 1) for f in ("rl", "sft", "generate")}
+    errors += refusals(config, RL_STAGES, per_job, "results/base_model")
+    shape = memory_plan.model_shape(config["model"], "results/base_model")[0] if plans else None
+    if shape is not None and not errors:   # time and GPU-hours per GPU stage (rstar2/rl/estimate.py)
+        from rstar2.rl.estimate import workflow_estimate
+
+        gen = job_resources("generate")
+        print("\n".join(workflow_estimate(config, RL_STAGES, plans, shape, gpus,
+                                          gen.get("gpu", 0) * gen.get("nodes", 1))), file=sys.stderr)
     if errors:
-        raise ValueError("config: the RL memory plan does not fit (rstar2/rl/memory_plan.py):\n  " + "\n  ".join(errors))
+        raise ValueError("config: the RL memory plan does not fit (rstar2/rl/memory_plan.py) or a GPU stage would "
+                         "fail (rstar2/rl/dag_checks.py):\n  " + "\n  ".join(errors))
 
 
 def model_dir(wildcards):
