@@ -8,6 +8,7 @@ One engine for the module; about 3 minutes on a 2-core AMD EPYC Zen 4 shared wit
 import os
 
 import pytest
+from vllm_cpu import ENV, tiny_model
 
 pytest.importorskip("vllm")
 
@@ -17,8 +18,8 @@ TOL = 2e-2  # TRL builds its LLM compiled (no enforce_eager): its fused float32 
 
 @pytest.fixture(autouse=True)
 def _vllm_cpu_env(monkeypatch):
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")          # GiB: the machine is shared
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # no pinning to cores other jobs also use
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
 
 
 def _vllm_logprobs(llm, ids):
@@ -74,12 +75,9 @@ def test_two_rl_steps_on_colocated_vllm_sync_the_policy(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
 
-    from rstar2 import models
     from rstar2.rl import trainer as rl_trainer
 
-    # head_dim 32: vLLM's CPU attention has no kernel for the CI model's head_dim 8
-    models.materialise({"source": "tiny_qwen3", "tiny": {"hidden_size": 64, "num_layers": 1, "num_heads": 2}},
-                       tmp_path / "model")
+    tiny_model(tmp_path / "model")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     tok = AutoTokenizer.from_pretrained(tmp_path / "model")
     args = GRPOConfig(output_dir=str(tmp_path / "t"), use_cpu=True, per_device_train_batch_size=2,
