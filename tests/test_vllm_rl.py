@@ -1,7 +1,8 @@
 """RL on the real vLLM (its CPU build, requirements-vllm.txt): RoCGRPOTrainer in TRL's colocate mode, two steps of
 a tiny Qwen3, rollouts by ``StepVLLMEngine`` on TRL's own ``vllm.LLM``. The weight-sync check: at each step's
 rollouts, vLLM's log-probabilities of a fixed token sequence equal the trainer's within float32 tolerance, and
-after the first update they differ from step 1's (so a skipped sync fails the second comparison).
+after the first update they differ from step 1's (so a skipped sync fails the second comparison). The step's
+recorded sampler/learner mismatch (rl/logprob_gap.py) over vLLM's own rollouts is within the same tolerance.
 
 One engine for the module; about 3 minutes on a 2-core AMD EPYC Zen 4 shared with other jobs."""
 
@@ -97,3 +98,7 @@ def test_two_rl_steps_on_colocated_vllm_sync_the_policy(tmp_path):
     assert gap(v1, h1) < TOL                  # step 1: vLLM holds the initial policy
     assert gap(h1, h2) > 20 * TOL             # the first update moved the policy well beyond the tolerance
     assert gap(v2, h2) < TOL, "vLLM did not get the updated weights"
+    # the step's recorded sampler/learner mismatch: vLLM's sampling log-probs of its own rollouts vs the trainer's
+    mean, top = fn.pending["train_rollout_logprob_abs_diff"], fn.pending["train_rollout_logprob_abs_diff_max"]
+    print(f"step 2 train_rollout_logprob_abs_diff {mean:.2e} (max {top:.2e})")
+    assert mean < TOL
