@@ -6,11 +6,13 @@ agent loop, the scheduler and the sandbox that runs the parsed code. Steered: a 
 the first turn of each trajectory is sampled under a structured-output regex (vLLM's own constrained decoding)
 that admits only ``</reason>`` + one fixed call of the code tool; later turns are sampled freely. The KV cache is
 set small (``num_gpu_blocks_override``) so that the scheduler's admission, fed by the capacity vLLM reports, binds.
+A second test has one steered short answer and one freely sampled long turn run at once.
 
 One engine for the module (its own process: AsyncLLM always runs its EngineCore apart)."""
 
 import contextvars
 import math
+import time
 
 import pytest
 from vllm_cpu import ENV, tiny_model
@@ -25,7 +27,7 @@ FIRST = "</reason>" + chat.tool_call_text(CODE)  # the steered first turn (EOS f
 L = 96                           # response budget (tokens), tool responses included
 MAX_LEN, BLOCK, BLOCKS = 512, 128, 10  # KV: 1280 tokens, room for 2.5 sequences of max_model_len
 N = 5                            # trajectories: more than the KV admits at once
-_STEER = contextvars.ContextVar("steer", default=False)
+_STEER = contextvars.ContextVar("steer", default=None)  # the text a turn is steered to
 
 
 @pytest.fixture(scope="module")
@@ -57,30 +59,32 @@ def _literal(text: str) -> str:
 
 
 class FirstTurnSteered(AsyncVLLMEngine):
-    """Records every turn (context in, Generation out); a trajectory's first turn is sampled under a regex that
-    admits only ``FIRST``."""
+    """Records every turn (context in, Generation out, the time it came back); a trajectory's first turn is
+    sampled under a regex that admits only ``first(key)`` (None: not steered)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.turns: dict[str, list] = {}
+        self.first = lambda key: FIRST
 
     def params(self, max_new_tokens):
         p = super().params(max_new_tokens)
-        if _STEER.get():
+        if (text := _STEER.get()) is not None:
             from vllm.sampling_params import StructuredOutputsParams
 
-            p.structured_outputs = StructuredOutputsParams(regex=_literal(FIRST))
+            p.structured_outputs = StructuredOutputsParams(regex=_literal(text))
         return p
 
     async def _turn(self, key, context_ids, max_new_tokens):  # runs as its own task on the engine's loop
-        _STEER.set(len(self.turns[key]) == 1)  # generate() logged this turn: steer the first one of each key
+        # generate() logged this turn: steer the first one of each key
+        _STEER.set(self.first(key) if len(self.turns[key]) == 1 else None)
         return await super()._turn(key, context_ids, max_new_tokens)
 
     async def generate(self, key, context_ids, max_new_tokens):
         log = self.turns.setdefault(key, [])
-        log.append([list(context_ids), None])
+        log.append([list(context_ids), None, None])
         gen = await super().generate(key, context_ids, max_new_tokens)
-        log[-1][1] = gen
+        log[-1][1:] = [gen, time.monotonic()]
         return gen
 
 
@@ -123,7 +127,7 @@ def test_multi_turn_rollouts_with_sandbox_tool_calls_on_async_vllm(setup, monkey
         (call,) = first["tool_calls"]
         assert call["code"] == CODE and call["status"] == "ok" and call["output"].strip() == "42", call
         ids, mask, lps = [], [], []
-        for j, (context, gen) in enumerate(turns):
+        for j, (context, gen, _) in enumerate(turns):
             assert context == t.prompt_ids + ids  # the engine got the token ids so far, nothing re-tokenised
             ids += gen.token_ids
             mask += [1] * len(gen.token_ids)
@@ -143,3 +147,24 @@ def test_multi_turn_rollouts_with_sandbox_tool_calls_on_async_vllm(setup, monkey
         assert free and sum(free) / len(free) < -1.0  # free turns: a random model's samples are improbable
     print("turns per trajectory", [len(t.turns) for t in trajs], "finish", [t.finish_reason for t in trajs],
           "response tokens", [len(t.response_ids) for t in trajs])
+
+
+def test_a_short_trajectory_is_not_held_back_by_a_long_one(setup):
+    """Two trajectories at once on the engine: one answers in a few tokens (steered), the other samples freely to
+    the whole budget. The short one is back while the long one still decodes (vLLM batches requests continuously;
+    a per-batch ``generate`` would return both together)."""
+    from rstar2.rollout import RolloutConfig, run_rollouts
+
+    tok, engine = setup
+    engine.first = lambda key: "</reason><answer>1</answer>" if key.startswith("short") else None
+    cfg = RolloutConfig(max_response_tokens=L, max_turns=3, temperature=1.0)
+    t0 = time.monotonic()
+    short, long_ = run_rollouts(None, tok, [{"id": "short", "problem": "1?"}, {"id": "long", "problem": "2?"}],
+                                cfg, engines=[engine], tools=object())  # neither calls a tool
+    (_, s_gen, s_end), = engine.turns[short.key]
+    (_, l_gen, l_end), = engine.turns[long_.key]
+    print(f"short: {len(s_gen.token_ids)} tokens back at {s_end - t0:.2f}s; long: {len(l_gen.token_ids)} tokens "
+          f"back at {l_end - t0:.2f}s")
+    assert short.finish_reason == "answer" and long_.finish_reason == "budget"
+    assert len(s_gen.token_ids) <= len("</reason><answer>1</answer>") + 1 and len(l_gen.token_ids) == L  # any split
+    assert s_end < l_end - 0.25 * (l_end - t0)  # back well before the long turn ended
