@@ -66,8 +66,10 @@ def step_metrics(results: list) -> dict:
     did not serve / all calls), tool_calls_unserved, tool_calls_retried, trajectories_excluded (left out of the
     update, not in any key above), grading_timeouts, grading_pool_restarts; from ``finite_guard.FiniteGuard.row``
     (trainer): nonfinite_skipped (this step's loss or gradient norm was not finite: no update) and skipped_steps
-    (such steps so far in the stage). A group whose every trajectory was excluded counts in groups and
-    groups_dropped only.
+    (such steps so far in the stage); from ``logprob_gap.LogprobGap.row`` (trainer):
+    train_rollout_logprob_abs_diff and train_rollout_logprob_abs_diff_max (sampler/learner mismatch over the
+    step's loss tokens; None when an engine reported no log-probabilities). A group whose every trajectory was
+    excluded counts in groups and groups_dropped only.
     """
     results = [r if isinstance(r, GroupStats) else GroupStats.of(r) for r in results]
     flat = [t for r in results for t in r.trajs]

@@ -49,6 +49,7 @@ from ..io import write_json
 from .batch import build_batch, micro_batches, plan_micro_batches
 from .checkpoints import STATE_FILE, read_state
 from .finite_guard import FiniteGuard, inject_nan, make_stop_callback
+from .logprob_gap import LogprobGap
 from .rollout_func import RolloutFunc, rollout_reward
 from .selection import GroupResult, PenaltyConfig, select, tool_response_texts, trajectory_penalties
 from .step_metrics import GroupStats, TrajStats, make_metrics_callback, step_metrics
@@ -89,8 +90,12 @@ def make_trainer_class():
         own generation path does (``vllm_generation.sync_weights()`` once per global step; trl 1.16
         ``GRPOTrainer._generate``), then ``engines_for_trainer`` drives TRL's colocated ``vllm.LLM`` or its
         ``trl vllm-serve`` server. Colocate mode needs vllm_tensor_parallel_size 1 (each process generates its
-        own groups; a TP group would have to submit identical requests) and importance-sampling correction
-        off (our engines return no sampling log-probabilities).
+        own groups; a TP group would have to submit identical requests) and TRL's importance-sampling correction
+        off (it reads sampling log-probabilities from TRL's own generation path, which is not used).
+
+        Every step records the sampler/learner mismatch over its loss tokens (``logprob_gap``: mean and max
+        |engine log-prob - trainer log-prob| as ``train_rollout_logprob_abs_diff[_max]``), from the engines'
+        ``Trajectory.response_logprobs`` and the log-probabilities of the training forward pass itself.
         """
 
         def __init__(self, *args, rollout_fn: RolloutFunc | None, micro_batch_tokens: int | None = None,
@@ -109,13 +114,14 @@ def make_trainer_class():
             if self.use_vllm:
                 if a.vllm_importance_sampling_correction:
                     raise ValueError("RoCGRPOTrainer with vLLM needs vllm_importance_sampling_correction=False: "
-                                     "the rollout engines return no sampling log-probabilities")
+                                     "TRL's correction needs TRL's own generation path, which RoCGRPOTrainer replaces")
                 if a.vllm_mode == "colocate" and a.vllm_tensor_parallel_size != 1:
                     raise ValueError("RoCGRPOTrainer with colocated vLLM needs vllm_tensor_parallel_size=1")
             self.rollout_fn, self.micro_batch_tokens, self.optimizer_from = rollout_fn, micro_batch_tokens, optimizer_from
             if rollout_fn is not None:  # None: only the loss path is used (tests)
                 rollout_fn.set_process(self.accelerator.process_index, self.accelerator.num_processes)
             self._skip_update = False
+            self._logprob_gap, self._gap_inputs = LogprobGap(), None
             self.finite_guard, self._step_loss, self._grad_norm = finite_guard, None, None
             if finite_guard is not None:  # after the metrics callback: the stopping step's row is written first
                 self.add_callback(make_stop_callback(finite_guard, where))
@@ -183,9 +189,11 @@ def make_trainer_class():
             loss (the sum of the micro-batch losses, each already divided by the whole step's token count)."""
             model.train()  # as Trainer.training_step does first; the rollouts switch to eval and back
             self._step_loss, self._grad_norm = torch.zeros((), device=self.accelerator.device), None
+            self._logprob_gap.reset()
             batches = self._rollout_micro_batches(inputs)
             self._skip_update = not batches
             if self._skip_update:  # no group survived anywhere: no forward pass, no optimizer step
+                self._record_logprob_gap()
                 return torch.zeros((), device=self.accelerator.device)
             # FSDP and ZeRO-3 reduce-scatter after every micro-batch: their no_sync would keep whole unsharded
             # gradients on each GPU until the last one (accelerate's sync_each_batch exists for that reason)
@@ -197,9 +205,27 @@ def make_trainer_class():
                 ctx = contextlib.nullcontext() if last or sharded else self.accelerator.no_sync(model)
                 with ctx:
                     total = total + super().training_step(model, make_batch(), num_items_in_batch)
+            self._record_logprob_gap()
             return total
 
+        def _record_logprob_gap(self):
+            """Put the step's sampler/learner mismatch (over every process) into its metrics row."""
+            many = self.accelerator.num_processes > 1
+            row = self._logprob_gap.row(
+                (lambda x: self.accelerator.gather(x.to(self.accelerator.device)).cpu()) if many else None)
+            if isinstance(getattr(self.rollout_fn, "pending", None), dict):
+                self.rollout_fn.pending.update(row)
+
+        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+            out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            inputs, self._gap_inputs = self._gap_inputs, None  # only the loss's own forward pass is compared
+            if inputs is not None:
+                self._logprob_gap.add(out[0], inputs.get("rollout_logps"),
+                                      inputs["completion_mask"] * inputs["tool_mask"])
+            return out
+
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            self._gap_inputs = inputs
             loss = inject_nan(super().compute_loss(model, inputs, return_outputs, num_items_in_batch),
                               self.state.global_step + 1)  # test-only fault injection (rstar2.faults)
             if self._step_loss is not None:  # before backward: known when DeepSpeed steps

@@ -1,0 +1,170 @@
+"""``AsyncVLLMEngine`` on a real ``vllm.AsyncLLM`` (vLLM's CPU build, requirements-vllm.txt) through ``run_rollouts``:
+the agent loop, the balanced scheduler and real tool calls in the sandbox.
+
+Real: the engine (every generated token id and its log-probability is vLLM's sample from a tiny random Qwen3), the
+agent loop, the scheduler and the sandbox that runs the parsed code. Steered: a random model writes no tool call, so
+the first turn of each trajectory is sampled under a structured-output regex (vLLM's own constrained decoding)
+that admits only ``</reason>`` + one fixed call of the code tool; later turns are sampled freely. The KV cache is
+set small (``num_gpu_blocks_override``) so that the scheduler's admission, fed by the capacity vLLM reports, binds.
+A second test has one steered short answer and one freely sampled long turn run at once.
+
+One engine for the module (its own process: AsyncLLM always runs its EngineCore apart)."""
+
+import contextvars
+import math
+import time
+
+import pytest
+from vllm_cpu import ENV, tiny_model
+
+from rstar2 import chat
+from rstar2.rollout import AsyncVLLMEngine
+
+pytest.importorskip("vllm")
+
+CODE = "print(6 * 7)"
+FIRST = "</reason>" + chat.tool_call_text(CODE)  # the steered first turn (EOS follows: the regex then ends)
+L = 96                           # response budget (tokens), tool responses included
+MAX_LEN, BLOCK, BLOCKS = 512, 128, 10  # KV: 1280 tokens, room for 2.5 sequences of max_model_len
+N = 5                            # trajectories: more than the KV admits at once
+_STEER = contextvars.ContextVar("steer", default=None)  # the text a turn is steered to
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from transformers import AutoTokenizer
+    from vllm import AsyncEngineArgs
+
+    from rstar2.rollout import start_async_llm
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in ENV.items():
+            mp.setenv(name, value)
+        path = tiny_model(tmp_path_factory.mktemp("vllm") / "model")
+        tok = AutoTokenizer.from_pretrained(path)
+        args = AsyncEngineArgs(model=str(path), dtype="float32", enforce_eager=True, max_model_len=MAX_LEN,
+                               block_size=BLOCK, num_gpu_blocks_override=BLOCKS, enable_prefix_caching=True,
+                               logprobs_mode="processed_logprobs", seed=0)
+        llm = start_async_llm(args)
+        engine = FirstTurnSteered(llm, [tok.eos_token_id], temperature=1.0, top_p=1.0)
+        try:
+            yield tok, engine
+        finally:
+            engine.shutdown()
+
+
+def _literal(text: str) -> str:
+    """A regex matching exactly ``text`` in xgrammar's dialect (``re.escape`` escapes spaces, which it warns on)."""
+    return "".join("\\" + c if c in r".^$*+?{}[]\|()" else c for c in text).replace("\n", "\\n")
+
+
+class FirstTurnSteered(AsyncVLLMEngine):
+    """Records every turn (context in, Generation out, the time it came back); a trajectory's first turn is
+    sampled under a regex that admits only ``first(key)`` (None: not steered)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.turns: dict[str, list] = {}
+        self.first = lambda key: FIRST
+
+    def params(self, max_new_tokens):
+        p = super().params(max_new_tokens)
+        if (text := _STEER.get()) is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            p.structured_outputs = StructuredOutputsParams(regex=_literal(text))
+        return p
+
+    async def _turn(self, key, context_ids, max_new_tokens):  # runs as its own task on the engine's loop
+        # generate() logged this turn: steer the first one of each key
+        _STEER.set(self.first(key) if len(self.turns[key]) == 1 else None)
+        return await super()._turn(key, context_ids, max_new_tokens)
+
+    async def generate(self, key, context_ids, max_new_tokens):
+        log = self.turns.setdefault(key, [])
+        log.append([list(context_ids), None, None])
+        gen = await super().generate(key, context_ids, max_new_tokens)
+        log[-1][1:] = [gen, time.monotonic()]
+        return gen
+
+
+def test_multi_turn_rollouts_with_sandbox_tool_calls_on_async_vllm(setup, monkeypatch):
+    from rstar2 import rollout
+    from rstar2.rollout import RolloutConfig, run_rollouts
+
+    tok, engine = setup
+    made = []
+
+    class Recorded(rollout.Scheduler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+    monkeypatch.setattr(rollout, "Scheduler", Recorded)
+
+    cfg = RolloutConfig(max_response_tokens=L, max_turns=3, temperature=1.0)
+    problems = [{"id": f"p{i}", "problem": f"What is {i} times 7?"} for i in range(N)]
+    trajs = run_rollouts(None, tok, problems, cfg, engines=[engine])
+
+    # KV capacity: vLLM's own figure for what it allocated, and the scheduler never reserved more
+    cache = engine.llm.vllm_config.cache_config
+    cap = engine.kv_capacity_tokens()
+    (sched,) = made
+    need = len(trajs[0].prompt_ids) + L
+    print(f"vLLM KV: {cache.num_gpu_blocks} blocks x {cache.block_size} = {cache.num_gpu_blocks * cache.block_size}"
+          f" tokens, reported capacity {cap}; need/trajectory {need}; peak reserved {sched.peak_reserved[0]}; "
+          f"admission waves {sched.admissions}")
+    assert cache.num_gpu_blocks == BLOCKS and cache.block_size == BLOCK
+    assert cap == cache.kv_cache_size_tokens and 0 < cap <= BLOCKS * BLOCK
+    assert sched.capacity(0) == cap
+    assert sched.peak_reserved[0] <= cap
+    assert cap // need < N and sched.admissions[0] == (0, cap // need)  # admission bound by vLLM's figure
+
+    for t in trajs:
+        turns = engine.turns[t.key]
+        assert len(turns) >= 2 and len(t.turns) == len(turns), t.turns
+        first = t.turns[0]
+        assert first["text"] == FIRST, first["text"]
+        (call,) = first["tool_calls"]
+        assert call["code"] == CODE and call["status"] == "ok" and call["output"].strip() == "42", call
+        ids, mask, lps = [], [], []
+        for j, (context, gen, _) in enumerate(turns):
+            assert context == t.prompt_ids + ids  # the engine got the token ids so far, nothing re-tokenised
+            ids += gen.token_ids
+            mask += [1] * len(gen.token_ids)
+            lps += gen.logprobs
+            if j + 1 < len(turns):  # the tool response between this turn and the next one's context
+                tool = turns[j + 1][0][len(t.prompt_ids) + len(ids):]
+                rendered = [c["output"] for c in t.turns[j]["tool_calls"]]
+                assert tool == tok.encode(chat.tool_response_text(rendered), add_special_tokens=False)
+                ids += tool
+                mask += [0] * len(tool)
+                lps += [0.0] * len(tool)
+        assert t.response_ids == ids and t.response_mask == mask, t.key
+        assert t.response_logprobs == pytest.approx(lps)
+        gen_lps = [lp for lp, m in zip(t.response_logprobs, t.response_mask) if m]
+        assert all(math.isfinite(lp) and lp <= 0.0 for lp in gen_lps)
+        free = [lp for lp in lps[len(turns[0][1].token_ids):] if lp != 0.0]
+        assert free and sum(free) / len(free) < -1.0  # free turns: a random model's samples are improbable
+    print("turns per trajectory", [len(t.turns) for t in trajs], "finish", [t.finish_reason for t in trajs],
+          "response tokens", [len(t.response_ids) for t in trajs])
+
+
+def test_a_short_trajectory_is_not_held_back_by_a_long_one(setup):
+    """Two trajectories at once on the engine: one answers in a few tokens (steered), the other samples freely to
+    the whole budget. The short one is back while the long one still decodes (vLLM batches requests continuously;
+    a per-batch ``generate`` would return both together)."""
+    from rstar2.rollout import RolloutConfig, run_rollouts
+
+    tok, engine = setup
+    engine.first = lambda key: "</reason><answer>1</answer>" if key.startswith("short") else None
+    cfg = RolloutConfig(max_response_tokens=L, max_turns=3, temperature=1.0)
+    t0 = time.monotonic()
+    short, long_ = run_rollouts(None, tok, [{"id": "short", "problem": "1?"}, {"id": "long", "problem": "2?"}],
+                                cfg, engines=[engine], tools=object())  # neither calls a tool
+    (_, s_gen, s_end), = engine.turns[short.key]
+    (_, l_gen, l_end), = engine.turns[long_.key]
+    print(f"short: {len(s_gen.token_ids)} tokens back at {s_end - t0:.2f}s; long: {len(l_gen.token_ids)} tokens "
+          f"back at {l_end - t0:.2f}s")
+    assert short.finish_reason == "answer" and long_.finish_reason == "budget"
+    assert len(s_gen.token_ids) <= len("</reason><answer>1</answer>") + 1 and len(l_gen.token_ids) == L  # any split
+    assert s_end < l_end - 0.25 * (l_end - t0)  # back well before the long turn ended
