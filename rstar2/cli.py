@@ -17,14 +17,18 @@ def _json_object(text: str, flag: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise SystemExit(f"{flag} is not valid JSON: {e}") from None
+        raise ValueError(f"{flag} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
-        raise SystemExit(f"{flag} must be a JSON object")
+        raise ValueError(f"{flag} must be a JSON object")
     return value
 
 
 def _params(text: str) -> dict:
-    return _json_object(text, "--params")
+    """argparse type of --params: a bad value is a usage error (``rstar2 <stage>: error: ...``, exit 2)."""
+    try:
+        return _json_object(text, "--params")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # Earlier names of subcommands, still accepted (scripts written for them keep working).

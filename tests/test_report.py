@@ -394,11 +394,15 @@ def test_report_without_heldout_or_ablation_says_so(tmp_path):
     assert "No held-out evaluation during RL was found" in md and "No ablation runs configured" in md
 
 
-def test_report_rejects_bad_inputs_naming_the_flag_and_the_entry(tmp_path):
+def test_report_rejects_bad_inputs_naming_the_flag_and_the_entry(tmp_path, capsys):
     from rstar2 import cli
 
-    with pytest.raises(SystemExit, match="--inputs is not valid JSON"):
-        cli.main(["report", "--params", "{}", "--inputs", "{oops", "--out", str(tmp_path / "r")])
+    assert cli.main(["report", "--params", "{}", "--inputs", "{oops", "--out", str(tmp_path / "r")]) == 2
+    assert "rstar2 report: error: --inputs is not valid JSON" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:   # argparse's usage error: exit 2, the subcommand named
+        cli.main(["rl-candidates", "--params", "notjson", "--out", str(tmp_path / "c")])
+    assert e.value.code == 2
+    assert "rstar2 rl-candidates: error: argument --params: --params is not valid JSON" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"ablation entry 1 lacks \['mode'\]"):
         report.run(_rp(), {"ablation": [{"mode": "grpo", "seed": 0, "dir": str(tmp_path)},
                                      {"seed": 1, "dir": str(tmp_path)}]}, str(tmp_path / "r"))

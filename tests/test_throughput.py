@@ -128,6 +128,12 @@ def test_the_released_8_gpu_setup_names_its_bottleneck_and_advises():
     assert "bottleneck rollout: KV room for 10 sequences per GPU (2048 rollouts each: 204.8 waves)" in text
     assert "server mode, 4 GPUs serving" in text and "8 x MI300X 192GB (distributed.gpu, 192 GB" in text
     assert "7 of the job's 8 GPUs idle" in text   # evaluation's one in-process vLLM
+    # 1385 h against the paper config's 10080-minute RL jobs: 9 submissions, 8 resubmissions
+    assert ("rl_stage1 is predicted to take 1,385.4 h, over its job's time limit (distributed.resources.rl.runtime "
+            "10080 min = 168.0 h): it needs 9 submissions") in text and "retries) to at least 8" in text
+    cfg = paper_config("distributed: {resources: {rl: {runtime: 100000}}}\n")
+    assert "warning" not in "\n".join(workflow_estimate(cfg, ["stage1"], plans, mp.KNOWN_MODELS["Qwen/Qwen3-14B-Base"],
+                                                          8, 8))
 
 
 def test_the_dry_run_prints_time_and_gpu_hours_per_stage(tmp_path):

@@ -9,6 +9,8 @@ job however many it holds; rollout.engine server uses one engine per listed serv
 
 from __future__ import annotations
 
+import math
+
 from rstar2.gpus import GPUS, gpu_spec
 from rstar2.rl import throughput as tp
 from rstar2.rl.dag_checks import VLLM_DEFAULT_UTILIZATION
@@ -24,6 +26,20 @@ def generate_slots(shape: ModelShape, gpu_bytes: float, sequence: int) -> int:
     """KV room in sequences of an in-process vLLM of a generate job (mining, evaluation) on one GPU."""
     return tp.kv_slots(gpu_bytes, VLLM_DEFAULT_UTILIZATION, shape.params(), shape.kv_bytes_per_token(2),
                        VLLM_OVERHEAD_BYTES, sequence)
+
+
+def _job_limit_warning(stage: str, seconds: float, dist: dict) -> list[str]:
+    """A line when one RL stage is predicted to outlast its job's time limit (distributed.resources rl ``runtime``,
+    minutes): the stage then needs that many submissions, each resuming from the last checkpoint."""
+    res = {**dist["resources"]["default"], **dist["resources"].get("rl", {})}
+    limit_s = 60 * res["runtime"] if res.get("runtime") else None
+    if not limit_s or seconds <= limit_s:
+        return []
+    jobs = math.ceil(seconds / limit_s)
+    return [f"  warning         {stage} is predicted to take {seconds / tp.HOUR:,.1f} h, over its job's time limit "
+            f"(distributed.resources.rl.runtime {res['runtime']} min = {limit_s / tp.HOUR:,.1f} h): it needs {jobs} "
+            f"submissions, each resuming from the last checkpoint; raise the limit or the profile's retries "
+            f"(profiles/slurm: retries) to at least {jobs - 1}"]
 
 
 def workflow_estimate(config: dict, stages: list[str], plans: list[StagePlan], shape: ModelShape, world_size: int,
@@ -53,7 +69,7 @@ def workflow_estimate(config: dict, stages: list[str], plans: list[StagePlan], s
                        PROMPT_TOKENS, cfg["max_response_tokens"], cfg["steps"])
         t = tp.rl_stage_time(plan.stage, N, kv, hw, world_size, plan.concurrent_rollouts, s, est,
                              dist["gradient_checkpointing"])
-        lines += t.lines
+        lines += [*t.lines, *_job_limit_warning(plan.stage, t.seconds, dist)]
         sequence = PROMPT_TOKENS + s.max_response
         share = dist["vllm"]["gpu_memory_utilization"]
         server = (hw, tp.kv_slots(gpu_bytes, VLLM_DEFAULT_UTILIZATION, N, kv, VLLM_OVERHEAD_BYTES, sequence))
