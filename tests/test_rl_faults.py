@@ -236,4 +236,5 @@ def test_a_grading_pool_that_cannot_be_restarted_stops_the_stage(setup):
     assert r.returncode == 3, r.stderr[-3000:]
     last = _stop_line(r.stderr)
     assert last.startswith("rstar2 rl: stopped: grading pool stopped answering") and "again after a restart" in last
-    assert not (out / "metrics.jsonl").exists() and not (out / "manifest.json").exists()
+    # no step was logged (the stage opens its logs empty) and the stage did not finish
+    assert (out / "metrics.jsonl").read_text() == "" and not (out / "manifest.json").exists()

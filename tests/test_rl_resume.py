@@ -43,7 +43,7 @@ RUNNER = textwrap.dedent('''
         time.sleep(0.4)
         return out
 
-    def parity_grade(trajs, reward_fn=None, answer_types=None, golds=None):
+    def parity_grade(trajs, reward_fn=None, answer_types=None, golds=None, reward=None):
         """Real rollouts of a random model never solve anything: reward the parity of the sampled tokens, so
         groups are mixed, the update is real, and the reward depends on exactly which tokens were sampled."""
         for t in trajs:

@@ -26,6 +26,15 @@ from test_rollout_engines import _turns
 FINAL_ONLY = "FINAL_ONLY"
 
 
+@pytest.fixture(autouse=True)
+def _without_real_vllm(monkeypatch):
+    """Hide a vLLM that an earlier test of the session imported for real (tests/test_vllm_*.py): these paths must
+    not import it, which each test checks with ``"vllm" not in sys.modules``; teardown puts it back."""
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+
 @dataclass(kw_only=True)
 class FakeSamplingParams:
     """Only fields vllm 0.31.0's SamplingParams has (a misspelt keyword fails here as it would there)."""

@@ -183,7 +183,7 @@ def test_failed_job_shows_its_own_one_line_error(slurm, tmp_path):
     # one attempt (the profile's retry would fail the same way again, a minute later)
     r = _snakemake(wd, slurm, "results/rl_candidates/manifest.json", extra=("--retries", "0"))
     assert r.returncode != 0
-    line = f"rstar2 rl-data: error: dataset 'mine' (file hub:{ds}): no split 'test'; splits: ['train']"
+    line = f"rstar2 rl-candidates: error: dataset 'mine' (file hub:{ds}): no split 'test'; splits: ['train']"
     assert line in r.stdout + r.stderr, (r.stdout + r.stderr)[-4000:]
 
 
