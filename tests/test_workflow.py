@@ -49,7 +49,7 @@ def planned_jobs(workdir: Path, *args: str) -> dict[str, int]:
 
 def planned_eval_models(workdir: Path, *args: str) -> set[str]:
     out = smk(workdir, "-n", "--configfile", *args).stdout
-    return set(re.findall(r"output: results/eval/(\w+)/manifest.json", out))
+    return set(re.findall(r"output: results/eval/(\w+)/summary.json", out))
 
 
 def refused(workdir: Path, cfg: Path, text: str) -> str:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from .. import seeds
-from ..io import append_jsonl, digest, keep_resumable, read_jsonl, write_json, write_manifest
+from ..io import append_jsonl, digest, file_sha256, keep_resumable, read_jsonl, write_json, write_manifest
 from ..metrics import summarise
 from ..params import to_dict
 from ..rollout.scheduler import policy_name
@@ -34,9 +34,9 @@ def _resume_dir(out: Path) -> Path:
 
 def _open_results(out: Path, params: dict, model_dir: str, benches) -> None:
     """Per-problem results are reused on resume only if they were made with the same params and model (its files'
-    names, sizes and mtimes). They are declared outputs, which Snakemake deletes before rerunning a killed job, so
+    names and contents). They are declared outputs, which Snakemake deletes before rerunning a killed job, so
     each keeps a second name in ``_resume_dir`` (``io.keep_resumable``), removed after the manifest."""
-    model = sorted((str(f.relative_to(model_dir)), f.stat().st_size, f.stat().st_mtime_ns)
+    model = sorted((str(f.relative_to(model_dir)), file_sha256(f))
                    for f in Path(model_dir).rglob("*") if f.is_file()) if Path(model_dir).is_dir() else model_dir
     out.mkdir(parents=True, exist_ok=True)
     stamp, made_by = out / "params_digest.txt", digest({"params": params, "model": model})

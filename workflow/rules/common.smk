@@ -246,7 +246,10 @@ def all_manifests():
               *(["hard_problems"] if "stage3" in RL_STAGES else []), "report"]
     evals = [f"eval/{m}" for m in config["evaluate"]["models"]]
     verifier = ["verifier_model"] if _verifier_dir() == "results/verifier_model" else []
-    return [f"results/{s}/manifest.json" for s in stages + verifier + evals]
+    # A missing intermediate output is not regenerated unless something asks for it: the optimizer state only a
+    # later stage reads is a target too, so deleting it reruns its stage (the report asks for the other artifacts).
+    return ([f"results/{s}/manifest.json" for s in stages + verifier + evals]
+            + [f"results/{run}/optimizer" for run in sorted(KEEPING_OPTIMIZER)])
 
 
 _rl_memory_plan()
