@@ -247,9 +247,9 @@ def all_manifests():
     evals = [f"eval/{m}" for m in config["evaluate"]["models"]]
     verifier = ["verifier_model"] if _verifier_dir() == "results/verifier_model" else []
     # A missing intermediate output is not regenerated unless something asks for it: the optimizer state only a
-    # later stage reads is a target too, so deleting it reruns its stage (the report asks for the other artifacts).
+    # later stage reads is a target too, and so is every file the report reads: deleting one reruns its stage.
     return ([f"results/{s}/manifest.json" for s in stages + verifier + evals]
-            + [f"results/{run}/optimizer" for run in sorted(KEEPING_OPTIMIZER)])
+            + [f"results/{run}/optimizer" for run in sorted(KEEPING_OPTIMIZER)] + report_files())
 
 
 _rl_memory_plan()
