@@ -62,8 +62,8 @@ def vllm_kwargs(rollout: dict, dist: dict | None) -> dict:
 
     rollout.engine "hf" -> no vLLM; "vllm" -> TRL colocate mode (one in-process vLLM per training process,
     sharing its GPU); "server" -> TRL server mode against ``rollout.server_urls[0]`` (started with
-    ``trl vllm-serve``, whose weights TRL updates over NCCL). Importance-sampling correction is off: the rollout
-    engines return token ids, not sampling log-probabilities (see rstar2.rl.trainer).
+    ``trl vllm-serve``, whose weights TRL updates over NCCL). TRL's importance-sampling correction is off: it needs
+    TRL's own generation path, which RoCGRPOTrainer replaces; ``rl.tis`` is ours (rstar2/rl/tis.py).
     Raises:
         ValueError: engine "vllm"/"server" with distributed.device "cpu" (TRL's vLLM paths need CUDA).
     """

@@ -46,6 +46,7 @@ class FakeSamplingParams:
     detokenize: bool = True
     logprobs: int | None = None
     output_kind: str = "CUMULATIVE"
+    seed: int | None = None
 
 
 CLASSES = (FakeSamplingParams, FINAL_ONLY)

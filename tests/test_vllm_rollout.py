@@ -67,8 +67,8 @@ class FirstTurnSteered(AsyncVLLMEngine):
         self.turns: dict[str, list] = {}
         self.first = lambda key: FIRST
 
-    def params(self, max_new_tokens):
-        p = super().params(max_new_tokens)
+    def params(self, max_new_tokens, seed=None):
+        p = super().params(max_new_tokens, seed)
         if (text := _STEER.get()) is not None:
             from vllm.sampling_params import StructuredOutputsParams
 
@@ -168,3 +168,32 @@ def test_a_short_trajectory_is_not_held_back_by_a_long_one(setup):
     assert short.finish_reason == "answer" and long_.finish_reason == "budget"
     assert len(s_gen.token_ids) <= len("</reason><answer>1</answer>") + 1 and len(l_gen.token_ids) == L  # any split
     assert s_end < l_end - 0.25 * (l_end - t0)  # back well before the long turn ended
+
+
+def test_reproducible_mode_seeds_each_trajectory_so_same_seed_runs_repeat_and_a_group_differs(setup):
+    """``reproducible`` on vLLM (rollout/vllm_reproducible.py): each turn is a request with its own seed from the
+    phase's seed and the trajectory key. Two runs with one seed give the same token ids (and log-probs) for the
+    same group, even with another problem added to the batch the second time; the G samples of the group differ
+    (never one seed per group); another seed gives other tokens."""
+    from rstar2.rollout import AsyncVLLMEngine, RolloutConfig, run_rollouts
+
+    tok, steered = setup
+    engine = AsyncVLLMEngine(steered.llm, [tok.eos_token_id], temperature=1.0, top_p=1.0)  # the module's AsyncLLM
+    cfg = RolloutConfig(max_response_tokens=24, max_turns=1, temperature=1.0)
+    assert cfg.reproducible
+    group = [{"id": "g", "problem": "What is 6 times 7?"}] * 3
+    other = [{"id": "o", "problem": "What is 2 plus 2?"}]
+
+    def run(problems, seed):
+        trajs = run_rollouts(None, tok, problems, cfg, engines=[engine], tools=object(), seed=seed)
+        assert engine.seed is None  # the phase's seed was lent for the run only
+        return {t.key: (t.response_ids, t.response_logprobs) for t in trajs}
+
+    t0 = time.monotonic()
+    first, again, other_seed = run(group, 7), run(other + group, 7), run(group, 8)
+    print(f"3 seeded runs in {time.monotonic() - t0:.1f}s; group tokens", [ids for ids, _ in first.values()])
+    keys = ["g#0", "g#1", "g#2"]
+    assert [first[k][0] for k in keys] == [again[k][0] for k in keys]
+    assert [first[k][1] for k in keys] == [again[k][1] for k in keys]
+    assert len({tuple(first[k][0]) for k in keys}) == 3   # the group's samples differ
+    assert [first[k][0] for k in keys] != [other_seed[k][0] for k in keys]

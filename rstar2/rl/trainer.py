@@ -53,6 +53,7 @@ from .logprob_gap import LogprobGap
 from .rollout_func import RolloutFunc, rollout_reward
 from .selection import GroupResult, PenaltyConfig, select, tool_response_texts, trajectory_penalties
 from .step_metrics import GroupStats, TrajStats, make_metrics_callback, step_metrics
+from .tis import TISStats
 
 # Public names of the RL step, importable from here as before the split (stages/rl.py, tests, benchmarks).
 __all__ = ["STATE_FILE", "GroupResult", "GroupStats", "PenaltyConfig", "RolloutFunc", "TrajStats", "build_batch",
@@ -91,16 +92,18 @@ def make_trainer_class():
         ``GRPOTrainer._generate``), then ``engines_for_trainer`` drives TRL's colocated ``vllm.LLM`` or its
         ``trl vllm-serve`` server. Colocate mode needs vllm_tensor_parallel_size 1 (each process generates its
         own groups; a TP group would have to submit identical requests) and TRL's importance-sampling correction
-        off (it reads sampling log-probabilities from TRL's own generation path, which is not used).
+        off (it reads sampling log-probabilities from TRL's own generation path, which is not used; ``tis`` is ours).
 
         Every step records the sampler/learner mismatch over its loss tokens (``logprob_gap``: mean and max
         |engine log-prob - trainer log-prob| as ``train_rollout_logprob_abs_diff[_max]``), from the engines'
-        ``Trajectory.response_logprobs`` and the log-probabilities of the training forward pass itself.
+        ``Trajectory.response_logprobs`` and the log-probabilities of the training forward pass itself. tis: a
+        ``tis.TISConfig`` (``rl.tis``): truncated importance sampling from the same two (rl/tis.py; metrics
+        ``tis_enabled``, ``tis_clipped_share``).
         """
 
         def __init__(self, *args, rollout_fn: RolloutFunc | None, micro_batch_tokens: int | None = None,
                      optimizer_from: str | None = None, finite_guard: FiniteGuard | None = None,
-                     where: str = "rl", **kwargs):
+                     where: str = "rl", tis=None, **kwargs):
             super().__init__(*args, **kwargs)
             a = self.args
             if (a.num_iterations, a.steps_per_generation, a.gradient_accumulation_steps) != (1, 1, 1):
@@ -114,14 +117,15 @@ def make_trainer_class():
             if self.use_vllm:
                 if a.vllm_importance_sampling_correction:
                     raise ValueError("RoCGRPOTrainer with vLLM needs vllm_importance_sampling_correction=False: "
-                                     "TRL's correction needs TRL's own generation path, which RoCGRPOTrainer replaces")
+                                     "TRL's correction needs TRL's own generation path, which RoCGRPOTrainer "
+                                     "replaces; use rl.tis (rstar2/rl/tis.py)")
                 if a.vllm_mode == "colocate" and a.vllm_tensor_parallel_size != 1:
                     raise ValueError("RoCGRPOTrainer with colocated vLLM needs vllm_tensor_parallel_size=1")
             self.rollout_fn, self.micro_batch_tokens, self.optimizer_from = rollout_fn, micro_batch_tokens, optimizer_from
             if rollout_fn is not None:  # None: only the loss path is used (tests)
                 rollout_fn.set_process(self.accelerator.process_index, self.accelerator.num_processes)
             self._skip_update = False
-            self._logprob_gap, self._gap_inputs = LogprobGap(), None
+            self._logprob_gap, self._gap_inputs, self._tis = LogprobGap(), None, TISStats(tis)
             self.finite_guard, self._step_loss, self._grad_norm = finite_guard, None, None
             if finite_guard is not None:  # after the metrics callback: the stopping step's row is written first
                 self.add_callback(make_stop_callback(finite_guard, where))
@@ -190,6 +194,7 @@ def make_trainer_class():
             model.train()  # as Trainer.training_step does first; the rollouts switch to eval and back
             self._step_loss, self._grad_norm = torch.zeros((), device=self.accelerator.device), None
             self._logprob_gap.reset()
+            self._tis.reset()
             batches = self._rollout_micro_batches(inputs)
             self._skip_update = not batches
             if self._skip_update:  # no group survived anywhere: no forward pass, no optimizer step
@@ -209,10 +214,10 @@ def make_trainer_class():
             return total
 
         def _record_logprob_gap(self):
-            """Put the step's sampler/learner mismatch (over every process) into its metrics row."""
+            """Put the step's sampler/learner mismatch and TIS figures (over every process) into its metrics row."""
             many = self.accelerator.num_processes > 1
-            row = self._logprob_gap.row(
-                (lambda x: self.accelerator.gather(x.to(self.accelerator.device)).cpu()) if many else None)
+            gather = (lambda x: self.accelerator.gather(x.to(self.accelerator.device)).cpu()) if many else None
+            row = {**self._logprob_gap.row(gather), **self._tis.row(gather)}
             if isinstance(getattr(self.rollout_fn, "pending", None), dict):
                 self.rollout_fn.pending.update(row)
 
@@ -222,6 +227,7 @@ def make_trainer_class():
             if inputs is not None:
                 self._logprob_gap.add(out[0], inputs.get("rollout_logps"),
                                       inputs["completion_mask"] * inputs["tool_mask"])
+                self._tis.apply(inputs, out[0])  # before _compute_loss reads inputs["advantages"]
             return out
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

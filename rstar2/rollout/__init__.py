@@ -19,6 +19,7 @@ from .lane import run_async
 from .scheduler import Scheduler
 from .servers import OpenAIEngine, server_engines
 from .vllm_engines import AsyncVLLMEngine, StepVLLMEngine, start_async_llm
+from .vllm_reproducible import enable_batch_invariance, seed_engines
 
 __all__ = ["AgentLoop", "AsyncVLLMEngine", "CentralDispatch", "DelayedToolRunner", "Generation", "HFEngine",
            "OpenAIEngine", "Progress", "RolloutConfig", "Scheduler", "StepVLLMEngine", "ToolConfig", "ToolRunner",
@@ -32,8 +33,10 @@ _VLLM_CACHE: dict = {}
 def default_engines(model, tok, cfg: RolloutConfig, seed: int | None = None) -> list:
     """The engines ``cfg.engine`` names (see RolloutConfig): "server" = one engine per data-parallel rank of each
     server in ``cfg.server_urls``; "vllm" = an in-process ``vllm.AsyncLLM``, built once per model folder (prefix
-    caching on; log-probabilities of the processed distribution, the one sampled from); "hf" = HFEngine replicas,
-    sampling from the streams of ``seed`` (None: drawn from torch's global RNG; vLLM and servers ignore it)."""
+    caching on; log-probabilities of the processed distribution, the one sampled from; with ``cfg.reproducible``
+    each turn seeded from ``seed`` and the trajectory, and on a GPU batch-invariant kernels: vllm_reproducible.py);
+    "hf" = HFEngine replicas, sampling from the streams of ``seed`` (None: drawn from torch's global RNG; servers
+    ignore it)."""
     stop = [tok.eos_token_id]
     if cfg.engine == "server":
         name = cfg.server_model or model.config._name_or_path
@@ -44,9 +47,11 @@ def default_engines(model, tok, cfg: RolloutConfig, seed: int | None = None) -> 
         if path not in _VLLM_CACHE:
             from vllm import AsyncEngineArgs  # optional GPU extra
 
+            enable_batch_invariance(cfg.reproducible, "vllm")  # read when the engine starts
             args = AsyncEngineArgs(model=path, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
             _VLLM_CACHE[path] = start_async_llm(args)
-        return [AsyncVLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, cfg.kv_cache_tokens)]
+        return [AsyncVLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, cfg.kv_cache_tokens,
+                                seed=seed if cfg.reproducible else None)]
     if hasattr(model, "eval"):
         model.eval()
     decoder = inference_copy(model, cfg.precision)
@@ -87,6 +92,7 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
             reach, e.g. vLLM servers) and each process gets its own trajectories back.
         seed: the default engines' sampling seed (``rstar2.seeds.derive`` of the run's seed and what this call
             is for); trajectory ``<problem id>#<n>`` then samples from its own stream. None: from torch's RNG.
+            With ``cfg.reproducible`` also given to vLLM ``engines`` that have no seed (``seed_engines``).
     Returns:
         Trajectories in input order, graded (those without ``answer`` are not graded).
     """
@@ -112,7 +118,9 @@ def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=
                 if hasattr(e, "aclose"):
                     await e.aclose()
     try:
-        run_async(main())
+        # vLLM engines built elsewhere (RL: the trainer's) seed this phase's turns from its seed
+        with seed_engines(engines, seed if cfg.reproducible else None):
+            run_async(main())
     finally:
         if owned_tools:
             tools.close()

@@ -28,6 +28,7 @@ import threading
 import weakref
 
 from .protocol import Generation, normalise_finish
+from .vllm_reproducible import turn_seed
 
 _LOOPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # AsyncLLM -> the event loop it runs on
 _LOOPS_LOCK = threading.Lock()
@@ -102,16 +103,18 @@ def _current_cuda_device() -> int | None:
 
 
 class _Sampling:
-    """The per-turn ``SamplingParams`` shared by both engines."""
+    """The per-turn ``SamplingParams`` shared by both engines; ``seed`` (None: unseeded) gives every turn its own
+    ``SamplingParams.seed`` (``vllm_reproducible.turn_seed`` of the trajectory key and context length)."""
+    seeded_turns = True  # run_rollouts may hand it the phase's seed (vllm_reproducible.seed_engines)
 
-    def __init__(self, stop_token_ids, temperature, top_p, classes):
-        self.stop, self.temperature, self.top_p = list(stop_token_ids), temperature, top_p
+    def __init__(self, stop_token_ids, temperature, top_p, classes, seed=None):
+        self.stop, self.temperature, self.top_p, self.seed = list(stop_token_ids), temperature, top_p, seed
         self.sp_cls, self.final_only = classes if classes is not None else vllm_classes()
 
-    def params(self, max_new_tokens: int):
+    def params(self, max_new_tokens: int, seed: int | None = None):
         return self.sp_cls(max_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                            stop_token_ids=self.stop, skip_special_tokens=False, detokenize=False, logprobs=0,
-                           output_kind=self.final_only)
+                           output_kind=self.final_only, seed=seed)
 
 
 class AsyncVLLMEngine(_Sampling):
@@ -127,13 +130,14 @@ class AsyncVLLMEngine(_Sampling):
         stop_token_ids: ids that end a turn. temperature, top_p: sampling.
         kv_tokens: KV capacity override; None = vLLM's own (``kv_tokens_of(llm.vllm_config)``).
         classes: ``(SamplingParams, RequestOutputKind.FINAL_ONLY)``; None = import vLLM (tests inject fakes).
+        seed: per-turn seeds derived from it (``reproducible``); None = unseeded.
     Raises:
         ImportError: vLLM is not installed and no ``classes`` were given.
     """
 
     def __init__(self, llm, stop_token_ids: list[int], temperature: float, top_p: float,
-                 kv_tokens: int | None = None, classes=None):
-        super().__init__(stop_token_ids, temperature, top_p, classes)
+                 kv_tokens: int | None = None, classes=None, seed: int | None = None):
+        super().__init__(stop_token_ids, temperature, top_p, classes, seed)
         self.llm, self.kv_tokens = llm, kv_tokens
 
     def kv_capacity_tokens(self) -> int | None:
@@ -150,8 +154,8 @@ class AsyncVLLMEngine(_Sampling):
 
     async def _turn(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         final = None
-        async for out in self.llm.generate({"prompt_token_ids": context_ids}, self.params(max_new_tokens),
-                                           f"{key}/{next(_REQUESTS)}"):
+        params = self.params(max_new_tokens, turn_seed(self.seed, key, len(context_ids)))
+        async for out in self.llm.generate({"prompt_token_ids": context_ids}, params, f"{key}/{next(_REQUESTS)}"):
             final = out  # FINAL_ONLY: one output, when the turn is finished
         return to_generation(final, self.stop, max_new_tokens)
 
@@ -189,14 +193,14 @@ class StepVLLMEngine(_Sampling):
 
     Args:
         llm: a ``vllm.LLM`` (for RL the colocated one of TRL: ``trainer.vllm_generation.llm`` in TRL 1.16).
-        stop_token_ids, temperature, top_p, kv_tokens, classes: as ``AsyncVLLMEngine``.
+        stop_token_ids, temperature, top_p, kv_tokens, classes, seed: as ``AsyncVLLMEngine``.
     Raises:
         ImportError: vLLM is not installed and no ``classes`` were given.
     """
 
     def __init__(self, llm, stop_token_ids: list[int], temperature: float, top_p: float,
-                 kv_tokens: int | None = None, classes=None):
-        super().__init__(stop_token_ids, temperature, top_p, classes)
+                 kv_tokens: int | None = None, classes=None, seed: int | None = None):
+        super().__init__(stop_token_ids, temperature, top_p, classes, seed)
         self.llm, self.kv_tokens = llm, kv_tokens
         self._cv = threading.Condition()
         self._inbox: list[tuple] = []               # ("add", id, context, params) | ("abort", id)
@@ -223,7 +227,8 @@ class StepVLLMEngine(_Sampling):
                 self._thread = threading.Thread(target=self._work, name="vllm-step", daemon=True)
                 self._thread.start()
             self._waiters[rid] = (loop, fut, max_new_tokens)
-            self._inbox.append(("add", rid, context_ids, self.params(max_new_tokens)))
+            seed = turn_seed(self.seed, key, len(context_ids))
+            self._inbox.append(("add", rid, context_ids, self.params(max_new_tokens, seed)))
             self._cv.notify()
         try:
             return await fut

@@ -24,6 +24,7 @@ from ..io import append_jsonl, digest, file_sha256, keep_resumable, read_jsonl, 
 from ..metrics import summarise
 from ..params import to_dict
 from ..rollout.scheduler import policy_name
+from ..rollout.vllm_reproducible import enable_batch_invariance
 from .params import EvaluateParams, parse
 
 
@@ -232,7 +233,8 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     write_manifest(out, stage=f"evaluate_{model_name}", params=to_dict(ev), inputs=[model_dir],
                    counts={b: s["n_problems"] for b, s in summary["benchmarks"].items()}, started=t0,
                    extra={"precision": precision.summary(to_dict(ev)),
-                          "scheduler": policy_name(ev.rollout.scheduler, ev.rollout.reproducible)})
+                          "scheduler": policy_name(ev.rollout.scheduler, ev.rollout.reproducible),
+                          "vllm_batch_invariant": enable_batch_invariance(ev.rollout.reproducible, ev.rollout.engine)})
     shutil.rmtree(_resume_dir(out), ignore_errors=True)
     with contextlib.suppress(OSError):  # results/eval/checkpoints itself, once no evaluation has any left
         _resume_dir(out).parent.rmdir()

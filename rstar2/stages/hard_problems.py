@@ -12,6 +12,7 @@ from .. import seeds
 from ..io import read_jsonl, write_jsonl, write_manifest
 from ..params import to_dict
 from ..rollout.scheduler import policy_name
+from ..rollout.vllm_reproducible import enable_batch_invariance
 from .params import HardProblemsParams, parse
 from .rl import select_sources
 
@@ -53,4 +54,5 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
                    counts={"mined": len(rows), "hard": len(hard), "solved_k_of_k": sum(r["passes"] == k for r in counted),
                            "below_min_passes": sum(r["passes"] < p.min_passes for r in counted)},
                    started=t0, extra={"precision": precision.summary(to_dict(p)),
-                          "scheduler": policy_name(p.rollout.scheduler, p.rollout.reproducible)})
+                          "scheduler": policy_name(p.rollout.scheduler, p.rollout.reproducible),
+                          "vllm_batch_invariant": enable_batch_invariance(p.rollout.reproducible, p.rollout.engine)})

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..params import parse, to_dict
 from ..rl.fault_accounting import FaultPolicy
+from ..rl.tis import TISConfig
 from ..rollout import RolloutConfig, ToolConfig
 
 __all__ = ["BaseModelParams", "EvaluateParams", "HardProblemsParams", "HeldoutParams", "LabelVerificationParams",
@@ -168,6 +169,7 @@ class RLParams:
     heldout: HeldoutParams | None
     faults: FaultPolicy         # when to stop for failing infrastructure (rl.faults; changes no fault-free result)
     reward: str                 # rl.reward: a built-in ("answer") or module:function (rstar2.grading.rewards)
+    tis: TISConfig              # rl.tis: truncated importance sampling of the sampler/learner mismatch (rl/tis.py)
     seed: int
 
     @property

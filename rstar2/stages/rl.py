@@ -11,6 +11,7 @@ from pathlib import Path
 from ..io import read_jsonl, write_manifest
 from ..params import merge_overrides, to_dict
 from ..rollout.scheduler import policy_name
+from ..rollout.vllm_reproducible import enable_batch_invariance
 from .params import RLParams, parse
 
 
@@ -193,9 +194,11 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     if resume and ps.is_main_process:
         callback.replay(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else [])
     callbacks = [callback] + _heldout_callbacks(p, heldout, out, ps.is_main_process)
+    # TRL builds its colocated vLLM in the trainer: batch-invariant kernels must be asked for before (on CUDA)
+    batch_invariant = enable_batch_invariance(p.rollout.reproducible, p.rollout.engine)
     trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
                                    processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks,
-                                   micro_batch_tokens=p.micro_batch_tokens, finite_guard=guard, where=str(out),
+                                   micro_batch_tokens=p.micro_batch_tokens, finite_guard=guard, where=str(out), tis=p.tis,
                                    optimizer_from=str(optimizer_from) if carried else None)
     if p.trainer.shared_prefix and ps.num_processes == 1:  # a DDP/FSDP/ZeRO-3 wrapper must see every forward
         from ..rl import shared_prefix
@@ -218,6 +221,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
                            "rollouts": sum(1 for _ in open(out / "rollouts.jsonl")) if (out / "rollouts.jsonl").exists() else 0},
                    started=t0, extra={"precision": precision.summary(to_dict(p)),
                           "scheduler": policy_name(p.rollout.scheduler, p.rollout.reproducible),
+                          "vllm_batch_invariant": batch_invariant,
                           "optimizer_continued_from": carried})
     shutil.rmtree(ckpt_root, ignore_errors=True)  # after the manifest: a finished stage needs no checkpoints
     with contextlib.suppress(OSError):  # results/rl/checkpoints itself, once no stage has any left
