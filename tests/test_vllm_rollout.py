@@ -173,7 +173,8 @@ def test_a_short_trajectory_is_not_held_back_by_a_long_one(setup):
 def test_reproducible_mode_seeds_each_trajectory_so_same_seed_runs_repeat_and_a_group_differs(setup):
     """``reproducible`` on vLLM (rollout/vllm_reproducible.py): each turn is a request with its own seed from the
     phase's seed and the trajectory key. Two runs with one seed give the same token ids (and log-probs) for the
-    same group, even with another problem added to the batch the second time; the G samples of the group differ
+    same group, even with another problem added to the batch the second time (log-probs then equal to float32
+    noise: the CPU build has no batch-invariant kernels); the G samples of the group differ
     (never one seed per group); another seed gives other tokens."""
     from rstar2.rollout import AsyncVLLMEngine, RolloutConfig, run_rollouts
 
@@ -194,6 +195,9 @@ def test_reproducible_mode_seeds_each_trajectory_so_same_seed_runs_repeat_and_a_
     print(f"3 seeded runs in {time.monotonic() - t0:.1f}s; group tokens", [ids for ids, _ in first.values()])
     keys = ["g#0", "g#1", "g#2"]
     assert [first[k][0] for k in keys] == [again[k][0] for k in keys]
-    assert [first[k][1] for k in keys] == [again[k][1] for k in keys]
+    # log-probs: equal up to float32 noise of the larger batch (CPU vLLM has no batch-invariant kernels)
+    lp_gap = max(abs(a - b) for k in keys for a, b in zip(first[k][1], again[k][1]))
+    print(f"same seed, other batch: max |log-prob difference| {lp_gap:.2e}")
+    assert lp_gap < 1e-3
     assert len({tuple(first[k][0]) for k in keys}) == 3   # the group's samples differ
     assert [first[k][0] for k in keys] != [other_seed[k][0] for k in keys]
