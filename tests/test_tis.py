@@ -170,3 +170,47 @@ def test_trainer_step_exact_sampler_leaves_the_loss_and_perturbed_one_changes_it
     assert results["shifted"][0] == pytest.approx(expected_on, abs=1e-4)
     assert abs(expected_on - expected_off) > 100 * 1e-4   # the perturbation matters at this tolerance
     assert results["shifted"][1]["tis_clipped_share"] == pytest.approx(clipped / n)
+
+
+def test_hf_engine_float32_logprobs_match_the_trainer_and_tis_leaves_the_step_unchanged(tmp_path):
+    """Real rollouts of the hf engine (``HFEngine`` through ``run_rollouts``, float32, KV reuse) carry the sampled
+    tokens' log-probabilities; one RoCGRPOTrainer step on them records a mismatch of ~0, and TIS on gives the loss
+    and the gradient of TIS off (all ratios ~1, none capped)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from rstar2 import models
+    from rstar2.rl import trainer as rl_trainer
+    from rstar2.rollout import RolloutConfig, run_rollouts
+
+    torch.manual_seed(0)
+    model, tok = models.tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4)
+    cfg = RolloutConfig(max_response_tokens=12, max_turns=1, temperature=1.0, precision="fp32")
+    problems = [{"id": f"p{i // 2}", "problem": f"What is {i // 2} plus 1?"} for i in range(4)]
+    trajs = run_rollouts(model, tok, problems, cfg, tools=object(), seed=5)
+    assert all(t.response_logprobs and len(t.response_logprobs) == len(t.response_ids) for t in trajs)
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=2,
+                      num_generations=2, max_steps=1, beta=0.0, loss_type="dapo", save_strategy="no",
+                      report_to=[], max_completion_length=16, disable_tqdm=True, temperature=1.0)
+    state = copy.deepcopy(model.state_dict())
+    results = []
+    for tis in (None, TISConfig(True, 2.0)):
+        model.load_state_dict(state)
+        fn = _Fixed(trajs)
+        tr = rl_trainer.make_trainer_class()(model=model, reward_funcs=[rl_trainer.rollout_reward], args=args,
+                                             train_dataset=Dataset.from_list([{"prompt": "a"}]),
+                                             processing_class=tok, rollout_fn=fn, micro_batch_tokens=4096, tis=tis)
+        tr.current_gradient_accumulation_steps = 1
+        model.train()
+        model.zero_grad()
+        loss = tr.training_step(model, [{"prompt": "a"}] * 2).item()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((loss, grads, fn.pending))
+    (loss_off, g_off, row_off), (loss_on, g_on, row_on) = results
+    print(f"hf engine fp32: mismatch {row_on['train_rollout_logprob_abs_diff']:.2e} "
+          f"(max {row_on['train_rollout_logprob_abs_diff_max']:.2e}); loss off {loss_off:.8f} on {loss_on:.8f}")
+    assert row_on["train_rollout_logprob_abs_diff_max"] < 1e-4
+    assert row_on["tis_clipped_share"] == 0.0 and row_on["tis_uncorrected_tokens"] == 0
+    assert loss_on == pytest.approx(loss_off, abs=1e-5)
+    assert torch.allclose(g_on, g_off, rtol=1e-4, atol=1e-7) and g_off.abs().sum() > 0

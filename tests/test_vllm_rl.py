@@ -2,7 +2,8 @@
 a tiny Qwen3, rollouts by ``StepVLLMEngine`` on TRL's own ``vllm.LLM``. The weight-sync check: at each step's
 rollouts, vLLM's log-probabilities of a fixed token sequence equal the trainer's within float32 tolerance, and
 after the first update they differ from step 1's (so a skipped sync fails the second comparison). The step's
-recorded sampler/learner mismatch (rl/logprob_gap.py) over vLLM's own rollouts is within the same tolerance.
+recorded sampler/learner mismatch (rl/logprob_gap.py) over vLLM's own rollouts is within the same tolerance, and
+truncated importance sampling (rl/tis.py, on here) weighted every loss token from vLLM's log-probs, none capped.
 
 One engine for the module; about 3 minutes on a 2-core AMD EPYC Zen 4 shared with other jobs."""
 
@@ -77,6 +78,7 @@ def test_two_rl_steps_on_colocated_vllm_sync_the_policy(tmp_path):
     from trl import GRPOConfig
 
     from rstar2.rl import trainer as rl_trainer
+    from rstar2.rl.tis import TISConfig
 
     tiny_model(tmp_path / "model")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
@@ -89,7 +91,8 @@ def test_two_rl_steps_on_colocated_vllm_sync_the_policy(tmp_path):
     fn = VLLMRollouts(tok)
     tr = rl_trainer.make_trainer_class()(model=model, reward_funcs=[rl_trainer.rollout_reward], args=args,
                                          train_dataset=Dataset.from_list([{"prompt": "What is 2 plus 2?"}] * 2),
-                                         processing_class=tok, rollout_fn=fn, micro_batch_tokens=4096)
+                                         processing_class=tok, rollout_fn=fn, micro_batch_tokens=4096,
+                                         tis=TISConfig(enabled=True, cap=3.0))
     tr.train()
     (v1, h1), (v2, h2) = fn.seen
     gap = lambda x, y: max(abs(a - b) for a, b in zip(x, y))  # noqa: E731
@@ -102,3 +105,6 @@ def test_two_rl_steps_on_colocated_vllm_sync_the_policy(tmp_path):
     mean, top = fn.pending["train_rollout_logprob_abs_diff"], fn.pending["train_rollout_logprob_abs_diff_max"]
     print(f"step 2 train_rollout_logprob_abs_diff {mean:.2e} (max {top:.2e})")
     assert mean < TOL
+    # TIS ran on vLLM's log-probs: every loss token corrected, ratios within e^(+-TOL), so none reached the cap
+    assert fn.pending["tis_enabled"] is True and fn.pending["tis_uncorrected_tokens"] == 0
+    assert fn.pending["tis_clipped_share"] == 0.0

@@ -7,7 +7,7 @@ An engine turns a token-id context into the next assistant turn (the ``Engine`` 
   keep per-trajectory state between turns (its KV cache, a server it is pinned to); ``finish_reason`` is
   "stop" (the turn ended with the EOS/stop token, which is included in ``token_ids``) or "length" (cut by
   ``max_new_tokens`` or the model's context); ``logprobs`` are the sampling log-probabilities of
-  ``token_ids`` where the engine reports them (vLLM), else None.
+  ``token_ids`` where the engine reports them (vLLM, servers, ``HFEngine`` on a transformers model), else None.
 - ``engine.release(key)``: the trajectory has ended (the scheduler calls it once, after its last turn, also on
   failure); per-trajectory state may go.
 - ``engine.kv_capacity_tokens()``: the engine's KV-cache size in tokens (from its own metrics), or None when
@@ -214,7 +214,9 @@ class HFEngine(BatchingEngine):
     Anything that is not a ``PreTrainedModel`` is driven through its ``generate`` (scripted stand-ins in tests).
 
     Sampling: row i draws token t of its trajectory from the counter-based stream ``(seed, key_i)``
-    (``hf_decode.row_uniforms``), so its tokens do not depend on which trajectories share its batch.
+    (``hf_decode.row_uniforms``), so its tokens do not depend on which trajectories share its batch. A
+    ``PreTrainedModel``'s turns carry the sampled tokens' log-probabilities (``Generation.logprobs``: the distribution
+    sampled from, after temperature and top-p, in the decoding precision: bf16 under ``precision`` bf16).
 
     Args:
         model: a causal LM (or anything with ``generate(input_ids, attention_mask, max_new_tokens, ...)``).
@@ -279,15 +281,16 @@ class HFEngine(BatchingEngine):
         device = getattr(self.model, "device", torch.device("cpu"))
         limits, streams = [r.max_new_tokens for r in requests], (self.seed, [r.key for r in requests])
         bf16 = precision_lib.rollout(self.precision, device.type).bf16
+        lps: list | None = [] if isinstance(self.model, PreTrainedModel) else None
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            if not isinstance(self.model, PreTrainedModel):
+            if lps is None:
                 new = self._generate_padded(requests, pad)
             elif self.kv_reuse:
                 rows = self._rows(requests)
                 self.prefilled_tokens += sum(len(ids) for _, ids in {(id(p), tuple(ids)): (p, ids)
                                                                     for p, ids in rows}.values())
                 out = decode_cached(self.model, rows, limits, self.tok.eos_token_id, pad, self.temperature,
-                                    self.top_p, keep=True, streams=streams)
+                                    self.top_p, keep=True, streams=streams, logprobs=lps)
                 for r, (_, kv) in zip(requests, out):
                     if kv is not None:
                         self._kv[r.key] = kv
@@ -295,8 +298,12 @@ class HFEngine(BatchingEngine):
             else:
                 self.prefilled_tokens += sum(len(r.context_ids) for r in requests)
                 new = decode_shrinking(self.model, [r.context_ids for r in requests], limits,
-                                       self.tok.eos_token_id, pad, self.temperature, self.top_p, streams=streams)
-        return [cut_at_stop(row, {self.tok.eos_token_id}, r.max_new_tokens, pad) for row, r in zip(new, requests)]
+                                       self.tok.eos_token_id, pad, self.temperature, self.top_p, streams=streams,
+                                       logprobs=lps)
+        gens = [cut_at_stop(row, {self.tok.eos_token_id}, r.max_new_tokens, pad) for row, r in zip(new, requests)]
+        for i, g in enumerate(gens if lps else []):  # decoding stops at the stop token: nothing to trim but the limit
+            g.logprobs = lps[i][: len(g.token_ids)]
+        return gens
 
     def _generate_padded(self, requests, pad):
         import torch

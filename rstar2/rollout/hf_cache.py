@@ -124,7 +124,8 @@ def _share_prompt_prefix(model, unique: list[tuple[PastKV | None, list[int]]], p
 @torch.no_grad()
 def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: list[int], stop_id: int, pad_id: int,
                   temperature: float, top_p: float, keep: bool = True,
-                  streams: tuple[int, list[str]] | None = None) -> list[tuple[list[int], PastKV | None]]:
+                  streams: tuple[int, list[str]] | None = None,
+                  logprobs: list | None = None) -> list[tuple[list[int], PastKV | None]]:
     """Sample a continuation of each row's context, reusing cached KV and prefilling equal contexts once.
 
     Args:
@@ -135,6 +136,7 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
         keep: return each stopped row's KV for its next turn (False: return None for every row).
         streams: per-row random streams, as ``hf_decode.decode_shrinking`` (the token position is the row's
             context length plus the tokens generated so far, so a cached and a re-prefilled row draw alike).
+        logprobs: a list to fill with each row's new tokens' log-probabilities, as ``decode_shrinking``'s.
     Returns:
         Per row, in input order: (new token ids, ending in ``stop_id`` or exactly ``limits[i]`` long; the row's KV
         over its context and every new token but the last when it stopped on ``stop_id`` and ``keep``, else None).
@@ -165,7 +167,7 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
             mask[i, width - len(c) + s:] = 1
         with shared_prefix_kv(prefix) if prefix else contextlib.nullcontext():
             return _decode(model, cache, mask, logits[torch.tensor(which, device=device)], context, limits, stop_id,
-                           temperature, top_p, keep, streams, prefix)
+                           temperature, top_p, keep, streams, prefix, logprobs)
 
 
 MIN_DECODE_PREFIX = 64   # tokens; a shorter common prefix is decoded as part of each row
@@ -182,7 +184,7 @@ def _common_prefix(context: list[list[int]]) -> int:
     return s if s >= MIN_DECODE_PREFIX else 0
 
 
-def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, top_p, keep, streams, prefix):
+def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, top_p, keep, streams, prefix, lps):
     """The sampling loop; ``cache``/``mask`` cover each row's context after its first s tokens, whose KV is
     ``prefix`` (per layer [H_kv, s, D], shared by every row; None: s = 0), so positions are offset by s."""
     s = prefix[0][0].shape[-2] if prefix else 0
@@ -191,14 +193,20 @@ def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, t
     rows: list[int | None] = list(range(n_rows))   # input index of each batch row; None once it has finished
     new: list[list[int]] = [[] for _ in range(n_rows)]
     kept: list[PastKV | None] = [None] * n_rows
+    if lps is not None:
+        lps[:] = [[] for _ in range(n_rows)]
     while True:
         u = draw_uniforms(streams, rows, [len(c) + len(g) for c, g in zip(context, new)])
-        nxt = sample_next(logits, temperature, top_p, u)
+        nxt, lp = sample_next(logits, temperature, top_p, u, with_logprobs=True) if lps is not None else \
+            (sample_next(logits, temperature, top_p, u), None)
+        lp = lp.tolist() if lp is not None else None
         for j, tok in enumerate(nxt.tolist()):
             i = rows[j]
             if i is None:
                 continue
             new[i].append(tok)
+            if lp is not None:
+                lps[i].append(lp[j])
             if tok == stop_id or len(new[i]) >= limits[i]:
                 if keep and tok == stop_id:   # the cache holds the context and every new token but this one
                     own = _gather(cache, j, mask[j].nonzero().squeeze(-1))

@@ -188,9 +188,11 @@ class PreallocatedCache(Cache):
             layer.batch_select_indices(indices)
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
-                uniforms: torch.Tensor | None = None) -> torch.Tensor:
-    """Next token per row from ``logits`` [rows, vocab] (any float dtype); returns int64 [rows].
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None = None,
+                with_logprobs: bool = False):
+    """Next token per row from ``logits`` [rows, vocab] (any float dtype); returns int64 [rows], and with
+    ``with_logprobs`` also float32 [rows]: each token's natural-log probability under the distribution sampled from
+    (after temperature and top-p, renormalised: vLLM's ``processed_logprobs``; temperature 0: the softmax's).
 
     ``uniforms`` None: draws from the global torch RNG (seed it for reproducible rollouts), like ``generate``.
     ``uniforms`` float64 [rows] in [0, 1): row i takes the token where its cumulative probability (in token-id
@@ -199,7 +201,10 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     trajectory and the position).
     """
     if temperature <= 0:
-        return logits.argmax(dim=-1)
+        tokens = logits.argmax(dim=-1)
+        if not with_logprobs:
+            return tokens
+        return tokens, logits.float().log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         # Sorting the whole vocabulary every step costs more than the model on a CPU (49k tokens x rows); the
@@ -214,10 +219,14 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     if uniforms is None:
-        return torch.multinomial(probs, 1).squeeze(-1)
-    cdf = probs.double().cumsum(dim=-1)
-    target = uniforms.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+        tokens = torch.multinomial(probs, 1).squeeze(-1)
+    else:
+        cdf = probs.double().cumsum(dim=-1)
+        target = uniforms.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    if not with_logprobs:
+        return tokens
+    return tokens, (probs.gather(-1, tokens[:, None]).squeeze(-1) / probs.sum(-1)).log()
 
 
 def row_uniforms(seed: int, stream: str, positions: list[int]) -> list[float]:
@@ -242,7 +251,8 @@ def draw_uniforms(streams: tuple[int, list[str]] | None, rows: list[int | None],
 
 @torch.no_grad()
 def decode_shrinking(model, prompts: list[list[int]], limits: list[int], stop_id: int, pad_id: int,
-                     temperature: float, top_p: float, streams: tuple[int, list[str]] | None = None) -> list[list[int]]:
+                     temperature: float, top_p: float, streams: tuple[int, list[str]] | None = None,
+                     logprobs: list | None = None) -> list[list[int]]:
     """Sample a continuation for each prompt; each row leaves the batch when it is done.
 
     Args:
@@ -254,6 +264,8 @@ def decode_shrinking(model, prompts: list[list[int]], limits: list[int], stop_id
         temperature, top_p: see ``sample_next``.
         streams: ``(seed, [stream name per row])``: row i samples token t of its sequence with
             ``row_uniforms(seed, name_i, [t])``, independent of the batch; None: the global torch RNG.
+        logprobs: a list to fill with one list per row (input order): the new tokens' log-probabilities
+            (``sample_next``'s ``with_logprobs``); None: not computed.
     Returns:
         The new token ids per row, in input order: ending in ``stop_id``, or exactly ``limits[i]`` long.
     """
@@ -264,24 +276,30 @@ def decode_shrinking(model, prompts: list[list[int]], limits: list[int], stop_id
     cache = PreallocatedCache(width + max(limits))
     with grouped_query_decoding(model):
         return _decode(model, ids, mask, cache, [len(p) for p in prompts], limits, stop_id, temperature, top_p,
-                       streams)
+                       streams, logprobs)
 
 
-def _decode(model, ids, mask, cache, lengths, limits, stop_id, temperature, top_p, streams) -> list[list[int]]:
+def _decode(model, ids, mask, cache, lengths, limits, stop_id, temperature, top_p, streams, lps) -> list[list[int]]:
     n_rows = len(lengths)
     device = ids.device
     out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     rows: list[int | None] = list(range(n_rows))  # input index of each batch row; None once it has finished
     new: list[list[int]] = [[] for _ in range(n_rows)]
+    if lps is not None:
+        lps[:] = [[] for _ in range(n_rows)]
     while True:
         u = draw_uniforms(streams, rows, [n + len(g) for n, g in zip(lengths, new)])
-        nxt = sample_next(out.logits[:, -1, :], temperature, top_p, u)
+        nxt, lp = sample_next(out.logits[:, -1, :], temperature, top_p, u, with_logprobs=True) if lps is not None else \
+            (sample_next(out.logits[:, -1, :], temperature, top_p, u), None)
+        lp = lp.tolist() if lp is not None else None
         for j, tok in enumerate(nxt.tolist()):
             i = rows[j]
             if i is None:
                 continue
             new[i].append(tok)
+            if lp is not None:
+                lps[i].append(lp[j])
             if tok == stop_id or len(new[i]) >= limits[i]:
                 rows[j] = None
         live = [j for j, i in enumerate(rows) if i is not None]
