@@ -217,10 +217,11 @@ def test_every_stage_parameter_is_the_schema_default_on_a_minimal_config(minimal
     for stage in ("stage1", "stage2", "stage3"):
         rl = to_dict(P.rl(cfg, stage))
         shared = {k: v for k, v in rl_defaults.items()
-                  if k not in ("temperature", "top_p", "batch_size", "heldout", "micro_batch_tokens", "faults")}
+                  if k not in ("temperature", "top_p", "batch_size", "heldout", "micro_batch_tokens", "faults", "tis")}
         assert {k: rl[k] for k in shared} == shared, stage
-        faults = SCHEMA["properties"]["rl"]["properties"]["faults"]["properties"]
-        assert rl["faults"] == {k: v["default"] for k, v in faults.items()}
+        for section in ("faults", "tis"):
+            props = SCHEMA["properties"]["rl"]["properties"][section]["properties"]
+            assert rl[section] == {k: v["default"] for k, v in props.items()}
         mbt = SCHEMA["properties"]["rl"]["properties"]["micro_batch_tokens"]["properties"]["cpu"]["default"]
         assert rl["micro_batch_tokens"] == mbt
         # the schema's continue_optimizer defaults: stage 2 continues stage 1's optimizer, stage 3 starts fresh

@@ -31,6 +31,7 @@ PAPER_TABLE = [
     ("rl.clip_high", 0.28, "§5.5 clip-high 0.28"),
     ("rl.temperature", 1.0, "§5.5 temperature 1.0"),
     ("rl.mode", "grpo_roc", "§1 GRPO-RoC"),
+    ("rl.tis.enabled", False, "§2.2 the GRPO-RoC loss has no sampler/learner importance correction"),
     ("rl.stages.stage1.max_response_tokens", 8192, "§5.4 stage 1: 8K"),
     ("rl.stages.stage1.max_turns", 10, "§5.4 stage 1: 10 turns"),
     ("rl.stages.stage1.steps", 300, "§5.4 stage 1: 300 steps"),
