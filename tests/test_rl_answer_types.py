@@ -137,7 +137,9 @@ def _stopping_tiny_model(path: Path) -> None:
 
 def test_a_tiny_rl_stage_on_a_math_source_with_a_user_reward(tmp_path, monkeypatch):
     """The RL stage end to end (tiny random model, one step): every rollout is graded as math by the user's
-    reward, whose value is what rollouts.jsonl records."""
+    reward, whose value is what rollouts.jsonl records. rl.tis is on: the step's row records it, from the hf
+    engine's log-probs (tiny.yaml: bf16 decoding and bf16-autocast training on a CPU with native bf16, so the
+    mismatch is bf16-sized; every loss token corrected, none near the cap)."""
     from rstar2.stages import rl
 
     (tmp_path / "my_reward.py").write_text(USER_REWARD)
@@ -147,9 +149,15 @@ def test_a_tiny_rl_stage_on_a_math_source_with_a_user_reward(tmp_path, monkeypat
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
     params = stage_params("rl", "stage1", overrides={"seed": 0, "rl": {
         "reward": "my_reward:by_length", "group_size": 2, "oversample": 2, "prompts_per_step": 2,
-        "checkpoint_every": 0, "heldout": {"benchmark": None},
+        "checkpoint_every": 0, "heldout": {"benchmark": None}, "tis": {"enabled": True, "cap": 2.0},
         "stages": {"stage1": {"max_response_tokens": 24, "max_turns": 1, "steps": 1}}}})
     rl.run(params, str(tmp_path / "model"), str(tmp_path / "train.jsonl"), str(tmp_path / "rl"))
+    (row,) = read_jsonl(tmp_path / "rl" / "metrics.jsonl")
+    print({k: row[k] for k in ("kept_total", "tis_enabled", "tis_clipped_share", "tis_uncorrected_tokens",
+                               "train_rollout_logprob_abs_diff", "train_rollout_logprob_abs_diff_max")})
+    assert row["kept_total"] > 0 and row["tis_enabled"] is True and row["tis_uncorrected_tokens"] == 0
+    assert row["tis_clipped_share"] == 0.0 and 0.0 <= row["train_rollout_logprob_abs_diff_max"] < 0.5
+    assert json.loads((tmp_path / "rl" / "manifest.json").read_text())["vllm_batch_invariant"] is None
     records = read_jsonl(tmp_path / "rl" / "rollouts.jsonl")
     assert len(records) == 8 and {r["answer_type"] for r in records} == {"math"}
     graded = [r for r in records if not r["truncated"]]

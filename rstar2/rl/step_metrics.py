@@ -68,7 +68,9 @@ def step_metrics(results: list) -> dict:
     (trainer): nonfinite_skipped (this step's loss or gradient norm was not finite: no update) and skipped_steps
     (such steps so far in the stage); from ``logprob_gap.LogprobGap.row`` (trainer):
     train_rollout_logprob_abs_diff and train_rollout_logprob_abs_diff_max (sampler/learner mismatch over the
-    step's loss tokens; None when an engine reported no log-probabilities). A group whose every trajectory was
+    step's loss tokens; None when an engine reported no log-probabilities); from ``tis.TISStats.row`` (trainer):
+    tis_enabled, tis_clipped_share (loss tokens whose importance ratio exceeded rl.tis.cap / corrected tokens) and
+    tis_uncorrected_tokens (without a sampler log-prob; both None when off). A group whose every trajectory was
     excluded counts in groups and groups_dropped only.
     """
     results = [r if isinstance(r, GroupStats) else GroupStats.of(r) for r in results]
