@@ -84,7 +84,7 @@ class _Fixed:
 
 def test_trainer_step_records_the_mismatch_zero_for_an_exact_sampler_and_not_for_a_perturbed_one(tmp_path):
     """One RoCGRPOTrainer.training_step each on trajectories whose sampling log-probs are the policy's own (an exact
-    float32 sampler: a plain forward pass of the model; our HF engine reports no log-probs) and on the same with
+    float32 sampler: a plain forward pass of the model; tests/test_tis.py has the hf engine's own) and on the same with
     every sampled token's log-prob moved by 0.3: the step's mismatch is ~0, then 0.3 (so the trainer compares the
     right positions, over loss tokens only: the tool span carries a wrong 0.0 that must not count)."""
     import copy
