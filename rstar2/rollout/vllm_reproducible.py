@@ -4,14 +4,16 @@ batch-invariant kernels.
 - Seeds: each trajectory turn is its own vLLM request with its own ``SamplingParams(seed=...)``, derived from the
   phase's seed, the trajectory's key (``<problem id>#<sample index>``, unique within a group) and how many context
   tokens the turn starts from (``turn_seed``). Never one seed per group: G equal samples would all get the same
-  reward and a zero advantage. vLLM then samples each seeded request from its own generator (vllm/v1/sample), so its
-  tokens do not depend on what else runs in the batch as long as the logits do not.
+  reward and a zero advantage. vLLM then samples each seeded request from its own ``torch.Generator`` (vllm 0.31.0
+  ``vllm/v1/sample/ops/topk_topp_sampler.py``: ``random_sample``), so its tokens do not depend on what else runs
+  in the batch as long as the logits do not.
 - Logits: on a GPU they do depend on the batch (split-K matmuls, attention tiling); ``VLLM_BATCH_INVARIANT=1``
   (vllm 0.31.0 ``vllm/model_executor/determinism/batch_invariant.py``: ``init_batch_invariance``) switches vLLM to
   kernels whose results do not. vLLM implements that mode for CUDA (compute capability 8.0: Triton matmuls; 9.0 and
   10.0: cuBLAS without split-K) and XPU; it reads the variable when an engine starts, so it is set before one is
   built (``enable_batch_invariance``) and recorded in the stage's manifest (``vllm_batch_invariant``). On CPU vLLM
-  has no such mode and needs none for the tests here: two seeded runs give the same tokens (tests/test_vllm_rollout.py).
+  has no such mode; in tests/test_vllm_rollout.py two seeded runs gave the same tokens, also with another request
+  in the batch (log-probs equal to ~1e-6).
 """
 
 from __future__ import annotations
