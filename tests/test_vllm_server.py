@@ -48,10 +48,15 @@ def _free_port() -> int:
 
 
 def _log_line(log_path) -> str:
-    """The server log's most telling line: its last error, else its last line."""
-    lines = [ln.strip() for ln in open(log_path, errors="replace") if ln.strip()]
-    errors = [ln for ln in lines if re.search(r"Error|error:|Exception", ln)]
-    return (errors or lines or ["(empty log)"])[-1][:300]
+    """The server log's most telling line: its last exception (with the detail line a pydantic error puts under
+    it), else its last line."""
+    lines = [ln.rstrip() for ln in open(log_path, errors="replace") if ln.strip()]
+    errors = [i for i, ln in enumerate(lines) if re.match(r"\S*(Error|Exception)\b", ln)]
+    if not errors:
+        return (lines or ["(empty log)"])[-1].strip()[:400]
+    i = errors[-1]
+    detail = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1][:1].isspace() else ""
+    return f"{lines[i]} {detail}".strip()[:400]
 
 
 @pytest.fixture(scope="module")
