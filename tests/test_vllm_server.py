@@ -35,8 +35,10 @@ if importlib.util.find_spec("vllm") is None:
 
 CODE = "print(6 * 7)"
 FIRST = "</reason>" + chat.tool_call_text(CODE)  # the steered first turn (EOS follows: the regex then ends)
-L = 96                                  # response budget (tokens), tool responses included
-MAX_LEN, BLOCK, BLOCKS, DP = 512, 128, 10, 2  # per rank: 1280 KV tokens, room for 2.5 sequences of max_model_len
+# response budget (tokens), tool responses included: room for the steered turn however the regex splits it into
+# tokens (at most one per character, and EOS), its tool response and a free turn
+L = 192
+MAX_LEN, BLOCK, BLOCKS, DP = 1024, 128, 10, 2  # per rank: 1280 KV tokens, room for 2 trajectories of prompt + L
 NAME = "policy"                         # --served-model-name
 START_S = 420                           # the server's start-up limit (about 100 s on 2 busy cores)
 
@@ -135,6 +137,11 @@ def _metric(text: str, name: str) -> dict[str, float]:
     return out
 
 
+def _delta(before: str, after: str, name: str) -> dict[str, float]:
+    """How much ``name`` grew per engine between two ``/metrics`` texts."""
+    return {e: n - _metric(before, name).get(e, 0.0) for e, n in _metric(after, name).items()}
+
+
 def _recorded_scheduler(monkeypatch) -> list:
     from rstar2 import rollout
 
@@ -151,7 +158,7 @@ def _recorded_scheduler(monkeypatch) -> list:
 def _check_trajectory(t, turns, tok):
     """The token ids each turn's request carried are the trajectory's so far (nothing re-tokenised); the tool
     response between turns is masked with log-probability 0; every generated token has the server's log-prob."""
-    assert len(turns) >= 2 and len(t.turns) == len(turns), t.turns
+    assert len(turns) >= 2 and len(t.turns) == len(turns), (t.finish_reason, t.turns)
     assert t.turns[0]["text"] == FIRST, t.turns[0]["text"]
     (call,) = t.turns[0]["tool_calls"]
     assert call["code"] == CODE and call["status"] == "ok" and call["output"].strip() == "42", call
@@ -182,6 +189,8 @@ def test_openai_engine_multi_turn_rollouts_and_kv_capacity_from_metrics(server, 
     from rstar2.rollout import RolloutConfig, run_rollouts
 
     url, log_path, tok = server
+    tool_response = len(tok.encode(chat.tool_response_text(["42"]), add_special_tokens=False))
+    assert len(FIRST) + 1 + tool_response < L  # every trajectory gets a second turn
     Steered.turns = {}
     made = _recorded_scheduler(monkeypatch)
     engine = Steered(url, NAME, [tok.eos_token_id], temperature=1.0, top_p=1.0, dp_rank=0)
@@ -243,10 +252,11 @@ def test_one_scheduler_over_the_data_parallel_ranks_keeps_each_trajectory_on_its
         assert ranks == [placed[trajs.index(t)]] * len(ranks), (t.key, ranks)  # sticky
         sent[str(ranks[0])] += len(ranks)
         _check_trajectory(t, Steered.turns[t.key], tok)
-    served = {e: n - _metric(before, "vllm:request_success_total").get(e, 0.0)
-              for e, n in _metric(after, "vllm:request_success_total").items()}
-    hits = {e: n - _metric(before, "vllm:prefix_cache_hits_total").get(e, 0.0)
-            for e, n in _metric(after, "vllm:prefix_cache_hits_total").items()}
+    deadline = time.monotonic() + 5  # the server counts a request just after it answers it
+    while (served := _delta(before, after, "vllm:request_success_total")) != sent and time.monotonic() < deadline:
+        time.sleep(0.2)
+        after = servers.read_metrics(url)
+    hits = _delta(before, after, "vllm:prefix_cache_hits_total")
     print(f"placements {placed}; turns sent per rank {sent}; requests served per rank (/metrics) {served}; "
           f"prefix-cache hit tokens per rank {hits}")
     assert served == sent
