@@ -42,7 +42,7 @@ FIRST = "</reason>" + chat.tool_call_text(CODE)  # the steered first turn (EOS f
 L = 192
 MAX_LEN, BLOCK, BLOCKS, DP = 1024, 128, 10, 2  # per rank: 1280 KV tokens, room for 2 trajectories of prompt + L
 NAME = "policy"                         # --served-model-name
-START_S = 420                           # the server's start-up limit (about 100 s on 2 busy cores)
+START_S = 420                           # the server's start-up limit (63-80 s measured on 2 busy cores)
 
 
 def _free_port() -> int:
@@ -66,7 +66,7 @@ def _log_line(log_path) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``(base_url, log_path, tokenizer)`` of a running ``vllm serve`` on 127.0.0.1; killed (its whole process
-    group: API server, DP coordinator, engine cores, workers) after the module."""
+    group: API server, DP coordinator, engine cores) after the module."""
     from transformers import AutoTokenizer
 
     root = tmp_path_factory.mktemp("vllm_server")
@@ -99,16 +99,15 @@ def server(tmp_path_factory):
         print(f"vllm serve (DP={DP}) healthy after {time.monotonic() - t0:.1f} s")
         yield url, log_path, AutoTokenizer.from_pretrained(model)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # engine cores and workers that outlived the API server
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL: engine cores that outlived the API server
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # the whole group has exited
+                break
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 class Steered(servers.OpenAIEngine):
