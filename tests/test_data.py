@@ -428,7 +428,7 @@ def test_a_broken_json_line_is_named_with_file_and_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Prompt-length filter (rl_data.max_prompt_tokens; spec §2.1: the released code drops prompts over 2048 tokens)
+# Prompt-length filter (rl_data.max_prompt_tokens; the released code drops prompts over 2048 tokens)
 
 def _pair_at_the_boundary(tok, tool):
     """Two problems whose rendered prompts are L and exactly L + 1 tokens long."""

@@ -1,4 +1,4 @@
-"""configs/paper-qwen3-14b.yaml holds the paper's recipe (spec §5, §6); tests/test_cluster.py checks the trainers
+"""configs/paper-qwen3-14b.yaml holds the paper's recipe (paper §4.3, §5.1; the released examples/run_qwen3-14b_rstar2_agent_weave.sh); tests/test_cluster.py checks the trainers
 built from its rule parameters.
 
 The table below is written from the reference spec, not from the config: every paper number with its

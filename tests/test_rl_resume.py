@@ -208,7 +208,7 @@ def _adam(state_dict):
 
 
 def test_stage2_continues_stage1s_optimizer_and_schedule_stage3_starts_fresh(setup, stage1):
-    """Paper §4.3 / spec §6: stage 2 starts with the AdamW moments, step counts and LR schedule stage 1 ended
+    """Paper §4.3: stage 2 starts with the AdamW moments, step counts and LR schedule stage 1 ended
     with (here mid warm-up: step 2 of 4, so its first learning rate is half the peak, not 0); a stage with
     continue_optimizer false (stage 3) starts with an empty AdamW and a new warm-up."""
     root, params = setup

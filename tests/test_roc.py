@@ -1,4 +1,4 @@
-"""GRPO-RoC rules against hand-computed groups (paper §2.2.3, Eqs. 4-7; spec §1.3-1.6)."""
+"""GRPO-RoC rules against hand-computed groups (paper §2.2.3, Eqs. 4-7; released rstar2_agent/down_sample/reject_sampling.py and roc.py)."""
 
 import itertools
 import math
@@ -28,7 +28,7 @@ def test_tool_error_penalty_from_statuses(statuses, expected):
 
 
 def test_released_substring_penalty_misses_timeouts_and_parse_failures():
-    # the released code's proxy (spec §1.5): only the word "error" counts
+    # the released code's proxy (roc.py calc_error_ratio_penalty_weights): only the word "error" counts
     responses = ["Traceback ...\nNameError: name 'x' is not defined", "Tool call failure / reason: worker_timeout",
                  "Failed to decode tool call: Expecting value", "42"]
     assert roc.tool_error_penalty_substring(responses) == 0.25
@@ -60,7 +60,7 @@ def test_format_penalty_unknown_mode():
         roc.format_penalty([A], "strict")
 
 
-# ---- split (spec §1.4) ------------------------------------------------------------------------------------
+# ---- split (paper §2.2.3) ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n_pos,n_neg,keep,expected", [
     (16, 16, 16, (8, 8)),

@@ -6,9 +6,10 @@ sandbox section (RSTAR2_SANDBOX). An RL job cancelled mid-stage (``scancel``) is
 retry and resumes from its checkpoint to the results of the uninterrupted run (rstar2 compare-runs); a job that
 fails on bad input ends the workflow with the job's own one-line error.
 
-Covered: the tiny config's jobs up to RL stage 1 (base_model, sft_data, sft, rl_candidates, rl_data, rl), so
-hard_problems, RL stages 2-3, evaluate and report run through SLURM in no test (the same executor path; left out
-for time). Not shown: several nodes, GPUs (the gpu partition has no gres), memory enforcement (no cgroups).
+Covered: the whole tiny DAG, every rule through sbatch: the jobs up to RL stage 1 first (base_model, sft_data,
+sft, rl_candidates, rl_data, rl), where the cancel lands, then the rest in the same folder (RL stages 2-3,
+hard_problems, evaluate of the final model, report). Not shown: several nodes, GPUs (the gpu partition has no
+gres), memory enforcement (no cgroups).
 Where SLURM cannot start (not root, packages not installable), the module fails with the script's one line.
 """
 
@@ -39,11 +40,15 @@ TEST_CONFIG = {
                                   "generate": {"mem_mb": 1200, "runtime": 22}}},
     "sandbox": {"slots": 7, "batch_size": 17},
     "rl": {"stages": {"stage1": {"steps": 3}}},   # long enough for a cancel to land between checkpoints
+    "evaluate": {"models": ["rl_stage3"], "benchmarks": ["math500", "ifeval"]},   # one evaluate job, for time
 }
 # rule -> (CPUs, MB, minutes, partition): threads from the rule or profiles/slurm-local's set-threads, memory and
 # time from TEST_CONFIG's family, partition from profiles/slurm-local
 EXPECTED = {"base_model": (2, 1100, 21, "cpu"), "sft_data": (2, 1100, 21, "cpu"), "rl_candidates": (1, 1100, 21, "cpu"),
             "sft": (2, 1300, 23, "gpu"), "rl_data": (1, 1200, 22, "gpu"), "rl": (2, 1500, 25, "gpu")}
+# the rest of the DAG: rule -> (jobs, CPUs, MB, minutes, partition)
+EXPECTED_REST = {"rl": (2, 2, 1500, 25, "gpu"), "hard_problems": (1, 1, 1200, 22, "gpu"),
+                 "evaluate": (1, 1, 1200, 22, "gpu"), "report": (1, 1, 1100, 21, "cpu")}
 STAGE1 = "results/rl/stage1/manifest.json"
 pytestmark = pytest.mark.slow
 
@@ -93,6 +98,13 @@ def _jobs(env: dict) -> dict[int, dict]:
     return jobs
 
 
+def _show(jobs: dict[int, dict]) -> None:
+    """SLURM's record of each job, one line per job (in the test log: pytest -rA)."""
+    keys = ("JobId", "JobState", "ExitCode", "Partition", "NumCPUs", "MinMemoryNode", "TimeLimit", "Comment")
+    for _, j in sorted(jobs.items()):
+        print("[slurm] " + " ".join(f"{k}={j.get(k)}" for k in keys))
+
+
 def _stored_env(env: dict, job_id: int) -> dict:
     """The environment slurmctld stored for a batch job (StateSaveLocation/hash.N/job.ID/environment)."""
     state = Path(env["RSTAR2_SLURM_DIR"]) / "state"
@@ -115,6 +127,7 @@ def stage1_run(slurm, tmp_path_factory):
 
 def test_every_job_goes_through_sbatch_with_its_rules_resources(slurm, stage1_run):
     wd, r, jobs = stage1_run
+    _show(jobs)
     log = r.stdout + r.stderr
     assert "localrule" not in log, "a job ran on the submitting host, not through SLURM"
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
@@ -164,10 +177,37 @@ def test_cancelled_rl_job_is_resubmitted_and_resumes_to_the_same_results(slurm, 
             os.killpg(proc.pid, 9)
     assert proc.returncode == 0, (wd / "snakemake.out").read_text()[-4000:]
     rl_jobs = {i: j for i, j in _jobs(slurm).items() if i not in before and j["rule"] == "rl"}
+    _show(rl_jobs)
     assert [j["JobState"] for _, j in sorted(rl_jobs.items())] == ["CANCELLED", "COMPLETED"], rl_jobs
     manifest = json.loads((wd / STAGE1).read_text())
     assert manifest["counts"]["resumed_from_step"] >= 1, manifest["counts"]   # from a checkpoint, not step 0
     assert [str(d) for d in compare_runs(reference, wd / "results")] == []
+
+
+def test_the_rest_of_the_dag_runs_through_slurm_to_the_report(slurm, stage1_run):
+    """After stage 1 (and its cancel), the workflow's default target in the same folder: every remaining job is
+    submitted with its rule's resources, and the run ends with the report."""
+    wd, _, _ = stage1_run
+    before = set(_jobs(slurm))
+    t0 = time.time()
+    r = _snakemake(wd, slurm)
+    print(f"[slurm] rest of the tiny DAG through SLURM: {time.time() - t0:.0f} s", file=sys.stderr)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
+    log = r.stdout + r.stderr
+    assert re.findall(r"^localrule (\w+):", log, re.M) == ["all"], "a job ran on the submitting host, not SLURM"
+    jobs = {i: j for i, j in _jobs(slurm).items() if i not in before}
+    _show(jobs)
+    rules = sorted(j["rule"] for j in jobs.values())
+    assert rules == sorted(rule for rule, (n, *_) in EXPECTED_REST.items() for _ in range(n)), rules
+    for j in jobs.values():
+        _, cpus, mem, minutes, partition = EXPECTED_REST[j["rule"]]
+        assert j["JobState"] == "COMPLETED" and j["ExitCode"] == "0:0", (j["rule"], j["JobState"], j["ExitCode"])
+        got = (int(j["NumCPUs"]), j["MinMemoryNode"], j["TimeLimit"], j["Partition"])
+        assert got == (cpus, f"{mem}M", f"00:{minutes:02d}:00", partition), (j["rule"], got)
+        assert json.loads(_stored_env(slurm, int(j["JobId"]))["RSTAR2_SANDBOX"])["slots"] == 7, j["rule"]
+    for stage in ("rl/stage2", "hard_problems", "rl/stage3", "eval/rl_stage3", "report"):
+        assert (wd / "results" / stage / "manifest.json").exists(), stage
+    assert (wd / "results/report/summary.md").read_text().count("|") > 20
 
 
 def test_failed_job_shows_its_own_one_line_error(slurm, tmp_path):

@@ -1,6 +1,6 @@
 """The time estimate's arithmetic (rstar2/rl/throughput.py) on small hand-computed cases, the GPU table
 (rstar2/gpus.py) as the config selects it, and the paper's setup (64 MI300X, configs/paper-qwen3-14b.yaml) against
-the paper's "about one week" for 510 RL steps (spec §5.5; factor explained in README "Time estimate")."""
+the paper's "about one week" for 510 RL steps (paper §1; factor explained in README "Time estimate")."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_the_gpu_table_is_selected_by_distributed_gpu():
         paper_config("distributed: {gpu: v100}\n")
 
 
-PAPER_WEEK_H = 7 * 24   # "about one week" for the 510 RL steps (spec §5.5, P§1)
+PAPER_WEEK_H = 7 * 24   # "about one week" for the 510 RL steps (paper §1)
 
 
 def test_the_paper_setup_is_within_the_stated_factor_of_a_week():

@@ -15,7 +15,7 @@ import math
 import time
 
 import pytest
-from vllm_cpu import ENV, tiny_model
+from vllm_cpu import ENV, literal_regex, tiny_model
 
 from rstar2 import chat
 from rstar2.rollout import AsyncVLLMEngine
@@ -53,11 +53,6 @@ def setup(tmp_path_factory):
             engine.shutdown()
 
 
-def _literal(text: str) -> str:
-    """A regex matching exactly ``text`` in xgrammar's dialect (``re.escape`` escapes spaces, which it warns on)."""
-    return "".join("\\" + c if c in r".^$*+?{}[]\|()" else c for c in text).replace("\n", "\\n")
-
-
 class FirstTurnSteered(AsyncVLLMEngine):
     """Records every turn (context in, Generation out, the time it came back); a trajectory's first turn is
     sampled under a regex that admits only ``first(key)`` (None: not steered)."""
@@ -72,7 +67,7 @@ class FirstTurnSteered(AsyncVLLMEngine):
         if (text := _STEER.get()) is not None:
             from vllm.sampling_params import StructuredOutputsParams
 
-            p.structured_outputs = StructuredOutputsParams(regex=_literal(text))
+            p.structured_outputs = StructuredOutputsParams(regex=literal_regex(text))
         return p
 
     async def _turn(self, key, context_ids, max_new_tokens):  # runs as its own task on the engine's loop

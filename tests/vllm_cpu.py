@@ -13,3 +13,9 @@ def tiny_model(dest):
 
     models.materialise({"source": "tiny_qwen3", "tiny": {"hidden_size": 64, "num_layers": 1, "num_heads": 2}}, dest)
     return dest
+
+
+def literal_regex(text: str) -> str:
+    """A regex matching exactly ``text`` in xgrammar's dialect (``re.escape`` escapes spaces, which it warns on):
+    the structured-output constraint that steers a random model's turn to a fixed text."""
+    return "".join("\\" + c if c in r".^$*+?{}[]\|()" else c for c in text).replace("\n", "\\n")

@@ -11,7 +11,7 @@ Steps, in order, each counted per source:
                     in the order the sources are given)
     near_dedupe     first of each group of near-duplicates wins: MinHash LSH over word shingles, confirmed by
                     the exact Jaccard similarity (near_dedupe.py); "skipped" in funnel["step_status"] when off
-    decontaminate   no word 8-gram shared with any benchmark problem (the paper's rule, P§5.1)
+    decontaminate   no word 8-gram shared with any benchmark problem (the paper's rule, §5.1)
 
 Every dropped row is counted under a reason: no_problem, no_answer, tuple_or_list, non_integer_number,
 not_a_number, too_large, unusable_gold (a math/choice gold its grader cannot read), duplicate, near_duplicate,

@@ -5,7 +5,7 @@ parse time (workflow/rules/common.smk), so ``snakemake -n`` shows it per stage. 
 
 One RL step (paper §2.2, §3.2) is a rollout phase, then an update phase (colocated: the same GPUs do both in turn):
   * rollout, per engine (one GPU): R = its share of the step's rollouts, C = min(R, KV room in sequences of
-    prompt + max_response_tokens, the load-balanced scheduler's K, spec §4). A decode step reads the bf16 weights
+    prompt + max_response_tokens, the load-balanced scheduler's K, paper §3.2, Fig. 7). A decode step reads the bf16 weights
     and the batch's KV cache once: t = max((2N + C * ctx * kv_bytes) / bandwidth, 2N * C / FLOP/s), ctx = prompt +
     half the mean response. A rollout holds its slot for mean_response decode steps plus its tool calls' latency
     (tool_calls_per_rollout x tool_latency_s; the service's figure, paper Fig. 6). Continuous batching: the phase
