@@ -36,16 +36,21 @@ def validate_config(config: dict, schema_path: str, files: list = ()) -> None:
         if error.validator in ("oneOf", "anyOf") and types and len(types) == len(error.context):
             message = f"{error.instance!r} is not of type " + " or ".join(
                 repr(t) for v in types for t in (v if isinstance(v, list) else [v]))
-        if error.validator == "type" and isinstance(error.instance, str) and "number" in str(error.validator_value):
-            try:
-                float(error.instance)
-                message += f" (YAML reads {error.instance} as a string: write it with a dot, e.g. 1.0e-4)"
-            except ValueError:
-                pass
         # an unexpected key is set where it appears: look for the key itself (also at the top level)
         extra = [k for k in (error.instance if isinstance(error.instance, dict) else {}) if repr(k) in error.message] \
             if error.validator in ("additionalProperties", "unevaluatedProperties") else []
         where = _setting_file(files, keys + extra[:1])
+        if error.validator == "type" and isinstance(error.instance, str) and \
+                any(t in str(error.validator_value) for t in ("number", "integer")):
+            try:
+                float(error.instance)
+                if where == "with --config":
+                    message += (" (Snakemake's --config passes the values inside a mapping as strings: set it in a "
+                                "--configfile)")
+                elif "number" in str(error.validator_value):
+                    message += f" (YAML reads {error.instance} as a string: write it with a dot, e.g. 1.0e-4)"
+            except ValueError:
+                pass
         raise ValueError(f"config: {path}: {message}" + (f" (set {where})" if where else ""))
     validate(config, schema_path)
 

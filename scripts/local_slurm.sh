@@ -10,8 +10,8 @@
 # so it shows partition routing only. The node has 2 CPUs (SlurmdParameters=config_overrides) and the machine's
 # memory as RealMemory. No accounting daemon: the executor plugin polls job states with squeue (MinJobAge is
 # long enough for it), and jobs are inspected with `scontrol show job`. Memory limits are scheduled, not
-# enforced (no cgroups here). slurmctld and slurmd listen on free ports chosen at start (SLURM cannot bind them
-# to loopback only); the node's address is 127.0.0.1.
+# enforced (no cgroups here). slurmctld and slurmd listen on free ports chosen at start, on 127.0.0.1 only where
+# the host name resolves to a loopback address (below); the node's address is 127.0.0.1.
 # Job steps: the executor's job step (snakemake-executor-plugin-slurm-jobstep) runs `srun` with the SLURM_*
 # variables removed, SLURM_CONF among them, so srun finds the config where a configless compute node keeps it:
 # /run/slurm/conf/slurm.conf, a link to this cluster's file while it runs (so one such cluster per machine; a

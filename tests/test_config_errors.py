@@ -40,3 +40,14 @@ def test_a_refused_value_is_named_by_its_real_problem(tmp_path, over, expected):
     with pytest.raises(ValueError) as e:
         validate_config(merged(over), SCHEMA, [str(ROOT / "config.yaml"), str(f)])
     assert str(e.value).replace(str(f), "over.yaml").startswith(expected), str(e.value)
+
+
+def test_a_number_nested_in_a_config_override_is_named_as_snakemakes_string():
+    """Snakemake's --config hands the values inside a mapping over as strings (`--config 'rl={faults:
+    {max_infra_share: 0.5}}'`): the error says so and where to set it, not the YAML hint of a config file."""
+    over = {"rl": {"faults": {"max_infra_share": "0.5"}}, "hard_problems": {"k": "3"}}
+    for key, value, kind in [("rl", over["rl"], "number"), ("hard_problems", over["hard_problems"], "integer")]:
+        with pytest.raises(ValueError) as e:
+            validate_config(merged({key: value}), SCHEMA, [str(ROOT / "config.yaml"), {key: value}])
+        assert str(e.value).endswith(f"is not of type '{kind}' (Snakemake's --config passes the values inside a "
+                                     "mapping as strings: set it in a --configfile) (set with --config)"), str(e.value)

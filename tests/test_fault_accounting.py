@@ -127,6 +127,10 @@ def test_report_shows_the_fault_table_only_where_a_stage_had_faults():
     clean = [{"step": 1, "tool_infra_failure_ratio": 0.0, "tool_calls_retried": 0, "skipped_steps": 0}]
     hurt = [{"step": 1, "tool_infra_failure_ratio": 0.0, "tool_calls_retried": 4, "skipped_steps": 0},
             {"step": 2, "tool_infra_failure_ratio": 0.25, "tool_calls_unserved": 1, "trajectories_excluded": 1,
-             "grading_timeouts": 1, "skipped_steps": 1, "nonfinite_skipped": True}]
+             "grading_timeouts": 1, "reward_errors": 2, "skipped_steps": 1, "nonfinite_skipped": True}]
     assert fault_blocks({"stage1": clean}) == [] and fault_blocks({"stage1": [{"step": 1}]}) == []
-    assert fault_rows({"stage1": clean, "stage2": hurt}) == [["stage2", "4", "1", "25% (step 2)", "1", "1", "0", "1"]]
+    assert fault_rows({"stage1": clean, "stage2": hurt}) == [["stage2", "4", "1", "25% (step 2)", "1", "1", "0", "2",
+                                                              "1"]]
+    # a reward failing on some answers is enough for a row
+    assert fault_rows({"stage3": [{"step": 1, "reward_errors": 3}]}) == [["stage3", "0", "0", "0%", "0", "0", "0", "3",
+                                                                           "0"]]

@@ -39,6 +39,13 @@ def raises(completion, answer, answer_type):
 
 def by_length(completion, answer, answer_type):
     return float(len(completion) % 2)
+
+def fragile(completion, answer, answer_type):
+    return {"6.667": 1.0}["6.667" if "6.667" in completion else completion[-12:]]
+
+def numpy_int(completion, answer, answer_type):
+    import numpy
+    return numpy.int64("6.667" in completion)
 '''
 
 
@@ -67,12 +74,14 @@ def test_funnel_skips_the_integer_filter_for_a_math_source_and_rows_carry_their_
         curate([{**MATH_SOURCE, "answer_type": "fraction"}], {}, max_abs_answer=10**9)
 
 
-def _roll(tok, tmp_path, row: dict, turns: list[str], reward: str = "answer") -> list[dict]:
+def _roll(tok, tmp_path, row: dict, turns: list[str], reward: str = "answer", step: list | None = None) -> list[dict]:
     fn = RolloutFunc({row["problem"]: {"id": f"math_nonint-{row['id']}", "answer": row["answer"],
                                        "answer_type": "math"}},
                      RolloutConfig(max_response_tokens=200, batch_size=8), group_size=4, oversample=2,
                      mode="grpo_roc", positive_selection="inverse_prob", seed=0, out_dir=str(tmp_path),
                      reward=reward)
+    if step is not None:
+        step.append(fn)
     fn([row["problem"]] * 4, _fake_trainer(CyclingModel(tok, turns), tok))
     return read_jsonl(tmp_path / "rollouts.jsonl")
 
@@ -96,6 +105,37 @@ def test_a_user_reward_is_what_roc_selects_on(qwen_tokenizer, tmp_path, monkeypa
                                                          "6.667": 1.0, "\\frac{20}{4}": 0.0}
     kept_pos = [r for r in records if r["kept"] and r["advantage"] > 0]
     assert kept_pos and all(r["pred"] == "6.667" for r in kept_pos)
+
+
+def test_a_reward_that_fails_on_some_answers_is_counted_and_on_every_answer_stops_the_stage(
+        qwen_tokenizer, tmp_path, monkeypatch, capsys):
+    """A user reward that raises scores 0, but never silently: counted per step (reward_errors), its message kept
+    in the rollout record and logged; failing on every answer of a step stops the stage before its update. A numpy
+    number is a number."""
+    from rstar2.rl.fault_accounting import RewardFailed
+
+    (tmp_path / "my_reward.py").write_text(USER_REWARD)
+    monkeypatch.chdir(tmp_path)
+    turns = [_say("\\frac{20}{3}"), _say("6.667"), _say("\\frac{40}{6}"), _say("\\frac{20}{4}")] * 2
+    fns: list = []
+    records = _roll(qwen_tokenizer, tmp_path / "some", _row("\\frac{20}{3}"), turns, reward="my_reward:fragile",
+                    step=fns)
+    failed = [r for r in records if r.get("grading_error")]
+    assert len(failed) == 6 and all(r["reward"] == 0.0 and r["grading_error"].startswith("KeyError") for r in failed)
+    assert {r["reward"] for r in records if "grading_error" not in r} == {1.0}
+    assert fns[0].pending["reward_errors"] == 6
+    assert "[rl] step 1: rl.reward 'my_reward:fragile' failed on 6 of 8 graded answers (scored 0): KeyError" \
+        in capsys.readouterr().out
+
+    with pytest.raises(RewardFailed) as e:
+        _roll(qwen_tokenizer, tmp_path / "all", _row("\\frac{20}{3}"), turns, reward="my_reward:raises")
+    assert "step 1: rl.reward 'my_reward:raises' failed on all 8 graded answers" in str(e.value)
+    assert "\n" not in str(e.value)
+    (row,) = read_jsonl(tmp_path / "all" / "metrics.jsonl")
+    assert row["update_skipped"] and row["reward_errors"] == 8 and row["stopped"] == str(e.value)
+
+    records = _roll(qwen_tokenizer, tmp_path / "np", _row("\\frac{20}{3}"), turns, reward="my_reward:numpy_int")
+    assert {r["pred"]: r["reward"] for r in records}["6.667"] == 1.0 and not any("grading_error" in r for r in records)
 
 
 def test_a_wrong_user_reward_fails_its_check_in_one_line(tmp_path, monkeypatch):

@@ -9,10 +9,11 @@ callables, is a function
 
 called with the model's final assistant turn (tool calls and responses removed, as for the built-in), the row's
 gold and its answer type. It runs inside the grading workers (``rstar2.grading_pool``, kind ``reward``) under the
-same per-item deadline; a timeout, exception or non-finite value scores 0.0. GRPO-RoC sees the returned value as
-the trajectory's reward (> 0 is a positive, rstar2/rl/roc.py), exactly as it sees the built-in's.
-``module`` is imported with the working directory on ``sys.path``, so a ``my_rewards.py`` in the run folder
-works. The workflow checks the setting when it builds the DAG (:func:`check`), and the RL stage again
+same per-item deadline; a timeout, exception or non-finite value scores 0.0 (counted per RL step:
+``grading_timeouts``, ``reward_errors``; rl/fault_accounting.py stops a stage whose user reward fails on every
+answer of a step). GRPO-RoC sees the returned value as the trajectory's reward (> 0 is a positive,
+rstar2/rl/roc.py), exactly as it sees the built-in's. ``module`` is imported with the working directory first on
+``sys.path``, so a ``my_rewards.py`` in the run folder works (and wins over an installed module of that name). The workflow checks the setting when it builds the DAG (:func:`check`), and the RL stage again
 before it trains. Hard-problem mining and the held-out evaluation keep the answer reward (they measure solving).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import numbers
 import os
 import sys
 
@@ -44,8 +46,8 @@ def load(spec: str, search_dir: str | None = None):
     if not sep or not module or not name:
         raise ValueError(f"rl.reward {spec!r}: expected a built-in ({', '.join(BUILTIN)}) or 'module:function'")
     where = search_dir or os.getcwd()
-    if where not in sys.path:
-        sys.path.append(where)
+    if where not in sys.path:   # first, as documented: the run folder's module wins over an installed one
+        sys.path.insert(0, where)
     try:
         mod = importlib.import_module(module)
     except Exception as e:  # an import error inside the user's module is also a bad setting
@@ -62,12 +64,12 @@ def _as_result(value, spec: str) -> tuple[float, str | None]:
     """(reward, pred) from a user reward's return value.
 
     Raises:
-        ValueError: not a finite real number, nor a dict with one under ``reward``.
+        ValueError: not a finite real number (Python, numpy or bool), nor a dict with one under ``reward``.
     """
     pred = None
     if isinstance(value, dict):
         pred, value = value.get("pred"), value.get("reward")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):   # numpy scalars and bools are Real
         raise ValueError(f"rl.reward {spec!r}: returned {value!r}, not a finite number "
                          "(or a dict with a finite 'reward')")
     return float(value), pred

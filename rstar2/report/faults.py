@@ -10,7 +10,7 @@ from .document import Heading, Table
 from .inputs import num
 
 COUNTS = ("tool_calls_retried", "tool_calls_unserved", "trajectories_excluded", "grading_timeouts",
-          "grading_pool_restarts")
+          "grading_pool_restarts", "reward_errors")
 
 
 def _sum(rows: list[dict], key: str) -> int:
@@ -20,7 +20,7 @@ def _sum(rows: list[dict], key: str) -> int:
 def fault_rows(stages: dict[str, list[dict]]) -> list[list[str]]:
     """One row per stage with any non-zero fault count: stage, tool calls retried and served, tool calls unserved,
     the highest unserved share of a step (with its step), trajectories left out, grading timeouts, grading-pool
-    restarts and steps skipped as non-finite. (A stage stopped by a fault has no finished folder for the report; its
+    restarts, answers the reward failed on and steps skipped as non-finite. (A stage stopped by a fault has no finished folder for the report; its
     rerun resumes from the last checkpoint and drops the rows after it.)"""
     out = []
     for name, rows in stages.items():
@@ -32,7 +32,8 @@ def fault_rows(stages: dict[str, list[dict]]) -> list[list[str]]:
         worst, at = max(shares, key=lambda x: x[0], default=(0.0, None))
         out.append([name, str(counts["tool_calls_retried"]), str(counts["tool_calls_unserved"]),
                     f"{100 * worst:.0f}% (step {at})" if worst > 0 else "0%", str(counts["trajectories_excluded"]),
-                    str(counts["grading_timeouts"]), str(counts["grading_pool_restarts"]), str(skipped)])
+                    str(counts["grading_timeouts"]), str(counts["grading_pool_restarts"]),
+                    str(counts["reward_errors"]), str(skipped)])
     return out
 
 
@@ -43,11 +44,12 @@ def faults(stages: dict[str, list[dict]]) -> list:
         return []
     return [Heading("Faults during RL", 3),
             Table(["stage", "tool calls retried (served)", "tool calls unserved", "highest unserved share",
-                   "trajectories left out", "grading timeouts", "grading pool restarts", "non-finite steps skipped"],
+                   "trajectories left out", "grading timeouts", "grading pool restarts", "reward failures",
+                   "non-finite steps skipped"],
                   rows,
                   caption="Infrastructure failures kept apart from the model's own errors: a tool call the sandbox "
                           "failed (worker crashed, service unreachable or full) is retried; one still unserved "
                           "ends its trajectory, which is left out of the update and of every other training "
                           "metric; above rl.faults.max_infra_share of a step's calls the stage stops. A grading "
-                          "call past its time bound scores 0. A step with a non-finite loss or gradient norm "
-                          "makes no update (rl.faults.max_nonfinite_steps in a row stop the stage).")]
+                          "call past its time bound scores 0, as does an answer the reward failed on (rl.reward "
+                          "raised or met a bad gold). A step with a non-finite loss or gradient norm makes no update (rl.faults.max_nonfinite_steps in a row stop the stage).")]

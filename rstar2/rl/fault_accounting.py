@@ -9,6 +9,11 @@ GRPO-RoC selection: it is never kept, never graded, never counted as a tool erro
 ``rl.faults.max_infra_share`` of a step's tool calls unserved, the stage stops before that step's update
 (``InfraFaultShare``, a ``StageFault``) with one line naming the sandbox and the share; the checkpoints stay, so a
 rerun resumes from the last one. Every step's row in metrics.jsonl carries the counts (``metrics``).
+
+The reward's own failures (a user ``rl.reward`` that raised or returned no number, or the built-in meeting a gold
+it cannot parse) score 0 like a wrong answer; they are counted (``reward_errors``), logged each step, kept in the
+rollout record (``grading_error``), and a user reward failing on every answer of a step stops the stage
+(``RewardFailed``): training on all-zero rewards would teach nothing and hide the bug.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from ..sandbox import INFRA_STATUS
 
 class InfraFaultShare(StageFault):
     """More of a step's tool calls went unserved than ``rl.faults.max_infra_share`` allows."""
+
+
+class RewardFailed(StageFault):
+    """A user reward function failed on every graded answer of a step."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,8 @@ class StepFaults:
     tool_calls: every call of the step's trajectories; unserved: calls with ``INFRA_STATUS``; retried: calls
     served after at least one retry; excluded: trajectories left out of the update; grading_timeouts: answers
     whose grading ran past its time bound (scored 0); grading_restarts: grading-pool restarts; last_error: the
-    last line of one unserved call's message."""
+    last line of one unserved call's message; reward_errors: graded answers whose reward raised, returned a bad
+    value or met a bad gold (scored 0), graded: answers graded at all, last_reward_error: one such message."""
     tool_calls: int = 0
     unserved: int = 0
     retried: int = 0
@@ -52,11 +62,16 @@ class StepFaults:
     grading_timeouts: int = 0
     grading_restarts: int = 0
     last_error: str = ""
+    reward_errors: int = 0
+    graded: int = 0
+    last_reward_error: str = ""
 
     def __add__(self, other: "StepFaults") -> "StepFaults":
         return StepFaults(*(getattr(self, k) + getattr(other, k) for k in
                             ("tool_calls", "unserved", "retried", "excluded", "grading_timeouts", "grading_restarts")),
-                          last_error=other.last_error or self.last_error)
+                          last_error=other.last_error or self.last_error,
+                          reward_errors=self.reward_errors + other.reward_errors, graded=self.graded + other.graded,
+                          last_reward_error=other.last_reward_error or self.last_reward_error)
 
     @property
     def share(self) -> float | None:
@@ -82,6 +97,10 @@ def split_step(groups: list[list], grading_restarts: int = 0) -> tuple[list[list
             f.tool_calls += len(calls)
             f.retried += sum(c["status"] != INFRA_STATUS and c.get("attempts", 1) > 1 for c in calls)
             f.grading_timeouts += t.grading_status == "timeout"
+            f.graded += t.grading_status is not None
+            if t.grading_error and t.grading_status == "ok":   # the reward's own failure, not the pool's
+                f.reward_errors += 1
+                f.last_reward_error = t.grading_error.strip().splitlines()[0][:200] if t.grading_error.strip() else ""
             bad = [c for c in calls if c["status"] == INFRA_STATUS]
             f.unserved += len(bad)
             if bad:
@@ -99,10 +118,28 @@ def excluded_records(excluded: list) -> list[dict]:
 def metrics(f: StepFaults) -> dict:
     """The step's fault keys of metrics.jsonl: tool_infra_failure_ratio (unserved / all tool calls; None without
     calls), tool_calls_unserved, tool_calls_retried, trajectories_excluded, grading_timeouts,
-    grading_pool_restarts."""
+    grading_pool_restarts, reward_errors."""
     return {"tool_infra_failure_ratio": f.share, "tool_calls_unserved": f.unserved, "tool_calls_retried": f.retried,
             "trajectories_excluded": f.excluded, "grading_timeouts": f.grading_timeouts,
-            "grading_pool_restarts": f.grading_restarts}
+            "grading_pool_restarts": f.grading_restarts, "reward_errors": f.reward_errors}
+
+
+def reward_warning(f: StepFaults, reward: str, step: int) -> str | None:
+    """A log line when some answers of the step could not be rewarded (they score 0), else None."""
+    if not f.reward_errors:
+        return None
+    return (f"[rl] step {step}: rl.reward {reward!r} failed on {f.reward_errors} of {f.graded} graded answers "
+            f"(scored 0): {f.last_reward_error}")
+
+
+def reward_failed(f: StepFaults, reward: str, step: int, where: str) -> str | None:
+    """The one-line reason to stop when a user reward (``module:function``) failed on every graded answer of the
+    step: every reward would be 0, so nothing would be learned from a bug. None otherwise (the built-in's bad
+    golds are counted and warned about, not stopped for: a bad row must not end a run)."""
+    if reward == "answer" or not f.graded or f.reward_errors < f.graded:
+        return None
+    return (f"{where}: step {step}: rl.reward {reward!r} failed on all {f.graded} graded answers of the step "
+            f"(last: {f.last_reward_error}). Stopped before this step's update; fix the function and rerun to resume")
 
 
 def over_share(f: StepFaults, policy: FaultPolicy, step: int, sandbox_name: str, where: str) -> str | None:

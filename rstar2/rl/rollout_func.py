@@ -138,15 +138,23 @@ class RolloutFunc:
         return [t for t, _ in kept], [a for _, a in kept]
 
     def _stop_on_faults(self, counts: fault_accounting.StepFaults) -> None:
-        """Stop before the update when the sandbox failed too many of the step's calls; the step's row is logged."""
-        why = self.faults and fault_accounting.over_share(counts, self.faults, self.step, sandbox.describe(),
-                                                          self.out_dir)
+        """Stop before the update when the sandbox failed too many of the step's calls, or a user reward failed on
+        every answer; the step's row is logged first. Some failed rewards: a warning line."""
+        warning = fault_accounting.reward_warning(counts, self.reward, self.step)
+        if warning and self.process_index == 0:
+            print(warning, flush=True)
+        why, fault = fault_accounting.reward_failed(counts, self.reward, self.step, self.out_dir), \
+            fault_accounting.RewardFailed
+        if not why:
+            why, fault = self.faults and fault_accounting.over_share(counts, self.faults, self.step,
+                                                                     sandbox.describe(), self.out_dir), \
+                fault_accounting.InfraFaultShare
         if not why:
             return
         if self.process_index == 0:
             append_jsonl(os.path.join(self.out_dir, "metrics.jsonl"), {"step": self.step, **self.pending,
                                                                        "update_skipped": True, "stopped": why})
-        raise fault_accounting.InfraFaultShare(why)
+        raise fault(why)
 
     @staticmethod
     def _records(results: list[GroupResult]) -> list[list[dict]]:

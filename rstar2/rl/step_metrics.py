@@ -64,7 +64,8 @@ def step_metrics(results: list) -> dict:
     adds micro_batches (forward/backward passes of the step, the same on every process; 0 = update skipped).
     Fault keys, from ``fault_accounting.metrics`` (rollout_func): tool_infra_failure_ratio (tool calls the sandbox
     did not serve / all calls), tool_calls_unserved, tool_calls_retried, trajectories_excluded (left out of the
-    update, not in any key above), grading_timeouts, grading_pool_restarts; from ``finite_guard.FiniteGuard.row``
+    update, not in any key above), grading_timeouts, grading_pool_restarts, reward_errors (answers the reward
+    failed on, scored 0); from ``finite_guard.FiniteGuard.row``
     (trainer): nonfinite_skipped (this step's loss or gradient norm was not finite: no update) and skipped_steps
     (such steps so far in the stage); from ``logprob_gap.LogprobGap.row`` (trainer):
     train_rollout_logprob_abs_diff and train_rollout_logprob_abs_diff_max (sampler/learner mismatch over the

@@ -148,6 +148,7 @@ class Trajectory:
     pred: str | None = None
     reward: float = 0.0
     grading_status: str | None = None                 # the grading pool's ok | timeout | error (None: not graded)
+    grading_error: str | None = None                  # what the reward raised or found wrong (e.g. a bad gold)
 
     @property
     def done(self) -> bool:
@@ -183,6 +184,8 @@ class Trajectory:
             d.pop(name)
         if d["grading_status"] in (None, "ok"):  # recorded only when grading failed
             d.pop("grading_status")
+        if d["grading_error"] is None:
+            d.pop("grading_error")
         d.update(truncated=self.truncated, num_turns=len(self.turns), response_tokens=len(self.response_ids),
                  generated_tokens=self.num_generated_tokens)
         return d
@@ -239,6 +242,7 @@ def grade_all(trajs: list[Trajectory], reward_fn: Callable[[str, str], dict] | N
         scored = [reward_fn(f, t.gold) for f, (t, _) in zip(finals, todo)]
     for (t, _), s in zip(todo, scored):
         t.pred, t.reward, t.grading_status = s["pred"], s["reward"], s.get("status", "ok")
+        t.grading_error = s.get("error")
 
 
 def with_earlier_cells(earlier: list[str], code: str) -> str:
