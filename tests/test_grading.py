@@ -188,7 +188,7 @@ def test_grade(pred, gold, expected):
     assert grade(pred, gold) == expected
 
 
-@pytest.mark.parametrize("gold", ["", "   ", "see figure", "$see figure$"])
+@pytest.mark.parametrize("gold", ["", "   ", "see figure", "$see figure$", "\\frac{5}{", "\\frac{1}{2}}"])
 def test_bad_gold_raises(gold):
     with pytest.raises(ValueError):
         grade("3", gold)
@@ -196,7 +196,7 @@ def test_bad_gold_raises(gold):
         check_gold(gold)
 
 
-@pytest.mark.parametrize("gold", ["\\text{no solution}", "2ab + bc", "x y", "\\sin x"])
+@pytest.mark.parametrize("gold", ["\\text{no solution}", "2ab + bc", "x y", "\\sin x", "\\{1, 2\\}", "[0, 1)"])
 def test_not_prose_gold_is_valid(gold):
     assert gold_is_valid(gold)
 

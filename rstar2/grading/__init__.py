@@ -68,6 +68,17 @@ def _looks_like_prose(gold: str) -> bool:
     return _PHRASE_RE.search(bare) is not None
 
 
+def _braces_balanced(text: str) -> bool:
+    """LaTeX groups close in order: every ``}`` has an open ``{`` before it and none stays open (``\\{`` and
+    ``\\}``, literal braces, do not count)."""
+    depth = 0
+    for ch in text.replace("\\{", "").replace("\\}", ""):
+        depth += (ch == "{") - (ch == "}")
+        if depth < 0:
+            return False
+    return depth == 0
+
+
 def _gold_problem(gold, answer_type: str = "math") -> str | None:
     """Why ``gold`` is unusable as a gold of ``answer_type``, or None when it is fine. Cheap paths first;
     Math-Verify last."""
@@ -84,6 +95,8 @@ def _gold_problem(gold, answer_type: str = "math") -> str | None:
         return None
     if _looks_like_prose(g):
         return "gold answer is prose, not a math answer"
+    if not _braces_balanced(g):   # Math-Verify reads "\\frac{5}{" as something, which no answer would equal
+        return "gold answer has unbalanced braces"
     try:
         parsed = parse_gold(light(g), timeout(PARSE_TIMEOUT_S))
     except (Exception, TimeoutException) as e:   # TimeoutException is a BaseException
