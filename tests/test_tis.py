@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from test_logprob_gap import _Fixed
 
 from rstar2.rl.batch import build_batch
 from rstar2.rl.tis import TISConfig, TISStats, tis_weights, weighted_advantages
@@ -84,24 +85,6 @@ def test_loss_gradient_per_token_is_the_weighted_advantage(monkeypatch, qwen_tok
     assert _close(logps.grad, expected, atol=1e-7)
     assert loss.item() == pytest.approx(-sum(adv[i] * w[i][j] for i in range(B) for j in range(C)) / n, abs=1e-6)
     assert tr._tis.row() == {"tis_enabled": True, "tis_clipped_share": 0.4, "tis_uncorrected_tokens": 0}
-
-
-class _Fixed:
-    """Rollout function returning the given trajectories (the trainer's interface, rl/rollout_func.py)."""
-    G = 2
-
-    def __init__(self, trajs):
-        self.trajs, self.pending, self.last_results = trajs, None, []
-
-    def set_process(self, index, count):
-        pass
-
-    def __call__(self, prompts, trainer, engines=None):
-        self.pending = {"kept_total": len(self.trajs)}
-        return self.trajs, [1.0 if i % 2 else -1.0 for i in range(len(self.trajs))]
-
-    def state_dict(self):
-        return {}
 
 
 def test_trainer_step_exact_sampler_leaves_the_loss_and_perturbed_one_changes_it_as_defined(tmp_path):

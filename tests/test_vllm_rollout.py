@@ -11,19 +11,16 @@ A second test has one steered short answer and one freely sampled long turn run 
 One engine for the module (its own process: AsyncLLM always runs its EngineCore apart)."""
 
 import contextvars
-import math
 import time
 
 import pytest
-from vllm_cpu import ENV, literal_regex, tiny_model
+from vllm_cpu import ENV, check_trajectory, first_turn, literal_regex, tiny_model
 
-from rstar2 import chat
 from rstar2.rollout import AsyncVLLMEngine
 
 pytest.importorskip("vllm")
 
-CODE = "print(6 * 7)"
-FIRST = "</reason>" + chat.tool_call_text(CODE)  # the steered first turn (EOS follows: the regex then ends)
+FIRST = first_turn()
 L = 96                           # response budget (tokens), tool responses included
 MAX_LEN, BLOCK, BLOCKS = 512, 128, 10  # KV: 1280 tokens, room for 2.5 sequences of max_model_len
 N = 5                            # trajectories: more than the KV admits at once
@@ -115,31 +112,7 @@ def test_multi_turn_rollouts_with_sandbox_tool_calls_on_async_vllm(setup, monkey
     assert cap // need < N and sched.admissions[0] == (0, cap // need)  # admission bound by vLLM's figure
 
     for t in trajs:
-        turns = engine.turns[t.key]
-        assert len(turns) >= 2 and len(t.turns) == len(turns), t.turns
-        first = t.turns[0]
-        assert first["text"] == FIRST, first["text"]
-        (call,) = first["tool_calls"]
-        assert call["code"] == CODE and call["status"] == "ok" and call["output"].strip() == "42", call
-        ids, mask, lps = [], [], []
-        for j, (context, gen, _) in enumerate(turns):
-            assert context == t.prompt_ids + ids  # the engine got the token ids so far, nothing re-tokenised
-            ids += gen.token_ids
-            mask += [1] * len(gen.token_ids)
-            lps += gen.logprobs
-            if j + 1 < len(turns):  # the tool response between this turn and the next one's context
-                tool = turns[j + 1][0][len(t.prompt_ids) + len(ids):]
-                rendered = [c["output"] for c in t.turns[j]["tool_calls"]]
-                assert tool == tok.encode(chat.tool_response_text(rendered), add_special_tokens=False)
-                ids += tool
-                mask += [0] * len(tool)
-                lps += [0.0] * len(tool)
-        assert t.response_ids == ids and t.response_mask == mask, t.key
-        assert t.response_logprobs == pytest.approx(lps)
-        gen_lps = [lp for lp, m in zip(t.response_logprobs, t.response_mask) if m]
-        assert all(math.isfinite(lp) and lp <= 0.0 for lp in gen_lps)
-        free = [lp for lp in lps[len(turns[0][1].token_ids):] if lp != 0.0]
-        assert free and sum(free) / len(free) < -1.0  # free turns: a random model's samples are improbable
+        check_trajectory(t, engine.turns[t.key], tok)
     print("turns per trajectory", [len(t.turns) for t in trajs], "finish", [t.finish_reason for t in trajs],
           "response tokens", [len(t.response_ids) for t in trajs])
 

@@ -15,7 +15,6 @@ start (it asks ``importlib.metadata`` for a distribution named "vllm")."""
 
 import concurrent.futures
 import importlib.util
-import math
 import os
 import re
 import signal
@@ -27,7 +26,7 @@ import time
 
 import httpx
 import pytest
-from vllm_cpu import ENV, literal_regex, tiny_model
+from vllm_cpu import ENV, check_trajectory, first_turn, literal_regex, tiny_model
 
 from rstar2 import chat
 from rstar2.rollout import servers
@@ -35,8 +34,7 @@ from rstar2.rollout import servers
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed (requirements-vllm.txt)", allow_module_level=True)
 
-CODE = "print(6 * 7)"
-FIRST = "</reason>" + chat.tool_call_text(CODE)  # the steered first turn (EOS follows: the regex then ends)
+FIRST = first_turn()
 # response budget (tokens), tool responses included: room for the steered turn however the regex splits it into
 # tokens (at most one per character, and EOS), its tool response and a free turn
 L = 192
@@ -174,34 +172,6 @@ def _recorded_scheduler(monkeypatch) -> list:
     return made
 
 
-def _check_trajectory(t, turns, tok):
-    """The token ids each turn's request carried are the trajectory's so far (nothing re-tokenised); the tool
-    response between turns is masked with log-probability 0; every generated token has the server's log-prob."""
-    assert len(turns) >= 2 and len(t.turns) == len(turns), (t.finish_reason, t.turns)
-    assert t.turns[0]["text"] == FIRST, t.turns[0]["text"]
-    (call,) = t.turns[0]["tool_calls"]
-    assert call["code"] == CODE and call["status"] == "ok" and call["output"].strip() == "42", call
-    ids, mask, lps = [], [], []
-    for j, (context, gen, _) in enumerate(turns):
-        assert context == t.prompt_ids + ids, (t.key, j)
-        assert gen.logprobs is not None and len(gen.logprobs) == len(gen.token_ids)
-        ids += gen.token_ids
-        mask += [1] * len(gen.token_ids)
-        lps += gen.logprobs
-        if j + 1 < len(turns):
-            tool = turns[j + 1][0][len(t.prompt_ids) + len(ids):]
-            rendered = [c["output"] for c in t.turns[j]["tool_calls"]]
-            assert tool == tok.encode(chat.tool_response_text(rendered), add_special_tokens=False)
-            ids += tool
-            mask += [0] * len(tool)
-            lps += [0.0] * len(tool)
-    assert t.response_ids == ids and t.response_mask == mask, t.key
-    assert t.response_logprobs == pytest.approx(lps)
-    assert all(math.isfinite(lp) and lp <= 0.0 for lp, m in zip(t.response_logprobs, t.response_mask) if m)
-    free = [lp for lp in lps[len(turns[0][1].token_ids):] if lp != 0.0]
-    assert free and sum(free) / len(free) < -1.0  # free turns: a random model's samples are improbable
-
-
 def test_openai_engine_multi_turn_rollouts_and_kv_capacity_from_metrics(server, monkeypatch):
     """One rank of the server as one engine: token ids in and out, tool tokens masked, log-probs kept; the KV
     capacity read from ``/metrics`` is what vLLM allocated (its log line) and bounds the scheduler's admission."""
@@ -238,7 +208,7 @@ def test_openai_engine_multi_turn_rollouts_and_kv_capacity_from_metrics(server, 
     assert _metric(text, "vllm:request_success_total")["1"] == 0  # dp_rank=0: nothing went to rank 1
 
     for t in trajs:
-        _check_trajectory(t, Steered.turns[t.key], tok)
+        check_trajectory(t, Steered.turns[t.key], tok)
     print("turns per trajectory", [len(t.turns) for t in trajs], "finish", [t.finish_reason for t in trajs])
 
 
@@ -275,7 +245,7 @@ def test_one_scheduler_over_the_data_parallel_ranks_keeps_each_trajectory_on_its
         ranks = [rank for _, _, rank in Steered.turns[t.key]]
         assert ranks == [placed[trajs.index(t)]] * len(ranks), (t.key, ranks)  # sticky
         sent[str(ranks[0])] += len(ranks)
-        _check_trajectory(t, Steered.turns[t.key], tok)
+        check_trajectory(t, Steered.turns[t.key], tok)
     deadline = time.monotonic() + 5  # the server counts a request just after it answers it
     while (served := _delta(before, after, "vllm:request_success_total")) != sent and time.monotonic() < deadline:
         time.sleep(0.2)
