@@ -141,7 +141,16 @@ stop() {
     rm -f "$DIR/$d.pid"
   done
   [ -L "$LINK" ] && [ "$(readlink "$LINK")" = "$CONF" ] && rm -f "$LINK"
+  other_cluster
   return 0
+}
+
+# A cluster started from another folder (another clone, another RSTAR2_SLURM_DIR) is not this folder's to stop or
+# report on: say that it runs, so that "stopped" here is not read as "no cluster on this machine".
+other_cluster() {
+  if [ -L "$LINK" ] && [ "$(readlink "$LINK")" != "$CONF" ]; then
+    echo "local_slurm: another local cluster runs ($LINK -> $(readlink "$LINK")); stop it from there" >&2
+  fi
 }
 
 status() {
@@ -150,6 +159,7 @@ status() {
     if running "$d"; then echo "$d: running (pid $(cat "$DIR/$d.pid"))"; else echo "$d: stopped"; fi
   done
   [ -f "$CONF" ] && SLURM_CONF="$CONF" sinfo 2>/dev/null || true
+  other_cluster
   running slurmctld && running slurmd && running munged
 }
 
