@@ -77,7 +77,9 @@ def server(tmp_path_factory):
            "--logprobs-mode", "processed_logprobs", "--seed", "0", "--distributed-executor-backend", "uni"]
     # uni + no V1 multiprocessing: each engine core runs its model in its own process, with no worker process
     # beside it (vLLM's CPU platform turns uni into mp otherwise): two fewer vLLM imports, ~1/3 of the start-up
-    env = {**os.environ, **ENV, "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # PYTHONUNBUFFERED: vLLM logs to stdout, block-buffered into the log file; the KV line the test reads could
+    # still sit in an engine core's buffer (CI once found no line at all)
+    env = {**os.environ, **ENV, "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     with open(log_path, "w") as log:
