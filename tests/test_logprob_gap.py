@@ -64,6 +64,29 @@ def test_batch_carries_the_engines_logprobs_aligned_with_the_completion():
     assert math.isclose(gap.row()["train_rollout_logprob_abs_diff"], 0.125)
 
 
+def exact_sampler_trajectories():
+    """A tiny float32 Qwen3 (seed 0), its tokenizer, and 4 trajectories of random tokens (a masked tool span in
+    each) whose sampling log-probs are the model's own from a plain forward pass: an exact float32 sampler."""
+    import torch
+
+    from rstar2 import models
+
+    torch.manual_seed(0)
+    model, tok = models.tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4)
+    g = torch.Generator().manual_seed(1)
+    trajs = []
+    for i in range(4):
+        prompt = torch.randint(100, 900, (3 + i,), generator=g).tolist()
+        response = torch.randint(100, 900, (9 - i,), generator=g).tolist()
+        mask = [1, 1, 0, 0] + [1] * (len(response) - 4)   # a masked tool span
+        with torch.no_grad():
+            logp = model(torch.tensor([prompt + response])).logits.float().log_softmax(-1)[0]
+        lps = [logp[len(prompt) + j - 1, tid].item() if m else 0.0 for j, (tid, m) in enumerate(zip(response, mask))]
+        trajs.append(Trajectory(f"p{i}", "q", None, prompt, response_ids=response, response_mask=mask,
+                                response_logprobs=lps))
+    return model, tok, trajs
+
+
 class _Fixed:
     """Rollout function returning the given trajectories (the trainer's interface, rl/rollout_func.py)."""
     G = 2
@@ -92,22 +115,9 @@ def test_trainer_step_records_the_mismatch_zero_for_an_exact_sampler_and_not_for
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from rstar2 import models
     from rstar2.rl import trainer as rl_trainer
 
-    torch.manual_seed(0)
-    model, tok = models.tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4)
-    g = torch.Generator().manual_seed(1)
-    trajs = []
-    for i in range(4):
-        prompt = torch.randint(100, 900, (3 + i,), generator=g).tolist()
-        response = torch.randint(100, 900, (9 - i,), generator=g).tolist()
-        mask = [1, 1, 0, 0] + [1] * (len(response) - 4)   # a masked tool span
-        with torch.no_grad():
-            logp = model(torch.tensor([prompt + response])).logits.float().log_softmax(-1)[0]
-        lps = [logp[len(prompt) + j - 1, tid].item() if m else 0.0 for j, (tid, m) in enumerate(zip(response, mask))]
-        trajs.append(Trajectory(f"p{i}", "q", None, prompt, response_ids=response, response_mask=mask,
-                                response_logprobs=lps))
+    model, tok, trajs = exact_sampler_trajectories()
     shifted = copy.deepcopy(trajs)
     for t in shifted:
         t.response_logprobs = [lp + 0.3 * m for lp, m in zip(t.response_logprobs, t.response_mask)]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_logprob_gap import _Fixed
+from test_logprob_gap import _Fixed, exact_sampler_trajectories
 
 from rstar2.rl.batch import build_batch
 from rstar2.rl.tis import TISConfig, TISStats, tis_weights, weighted_advantages
@@ -95,21 +95,9 @@ def test_trainer_step_exact_sampler_leaves_the_loss_and_perturbed_one_changes_it
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from rstar2 import models
     from rstar2.rl import trainer as rl_trainer
 
-    torch.manual_seed(0)
-    model, tok = models.tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4)
-    g = torch.Generator().manual_seed(1)
-    trajs = []
-    for i in range(4):
-        prompt = torch.randint(100, 900, (3 + i,), generator=g).tolist()
-        response = torch.randint(100, 900, (9 - i,), generator=g).tolist()
-        mask = [1, 1, 0, 0] + [1] * (len(response) - 4)   # a masked tool span
-        with torch.no_grad():
-            logp = model(torch.tensor([prompt + response])).logits.float().log_softmax(-1)[0]
-        lps = [logp[len(prompt) + j - 1, tid].item() if m else 0.0 for j, (tid, m) in enumerate(zip(response, mask))]
-        trajs.append(_traj(prompt, response, mask, lps))
+    model, tok, trajs = exact_sampler_trajectories()
     deltas = [0.5, -0.7, 2.0, 0.2]   # cycled over the step's loss tokens; e^2 > C = 3 is capped
     cap = 3.0
     shifted = copy.deepcopy(trajs)

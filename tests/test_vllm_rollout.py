@@ -14,7 +14,7 @@ import contextvars
 import time
 
 import pytest
-from vllm_cpu import ENV, check_trajectory, first_turn, literal_regex, tiny_model
+from vllm_cpu import ENV, check_trajectory, first_turn, literal_regex, recorded_scheduler, tiny_model
 
 from rstar2.rollout import AsyncVLLMEngine
 
@@ -81,17 +81,10 @@ class FirstTurnSteered(AsyncVLLMEngine):
 
 
 def test_multi_turn_rollouts_with_sandbox_tool_calls_on_async_vllm(setup, monkeypatch):
-    from rstar2 import rollout
     from rstar2.rollout import RolloutConfig, run_rollouts
 
     tok, engine = setup
-    made = []
-
-    class Recorded(rollout.Scheduler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-    monkeypatch.setattr(rollout, "Scheduler", Recorded)
+    made = recorded_scheduler(monkeypatch)
 
     cfg = RolloutConfig(max_response_tokens=L, max_turns=3, temperature=1.0)
     problems = [{"id": f"p{i}", "problem": f"What is {i} times 7?"} for i in range(N)]

@@ -26,7 +26,7 @@ import time
 
 import httpx
 import pytest
-from vllm_cpu import ENV, check_trajectory, first_turn, literal_regex, tiny_model
+from vllm_cpu import ENV, check_trajectory, first_turn, literal_regex, recorded_scheduler, tiny_model
 
 from rstar2 import chat
 from rstar2.rollout import servers
@@ -77,9 +77,11 @@ def server(tmp_path_factory):
            "--logprobs-mode", "processed_logprobs", "--seed", "0", "--distributed-executor-backend", "uni"]
     # uni + no V1 multiprocessing: each engine core runs its model in its own process, with no worker process
     # beside it (vLLM's CPU platform turns uni into mp otherwise): two fewer vLLM imports, ~1/3 of the start-up
-    # PYTHONUNBUFFERED: vLLM logs to stdout, block-buffered into the log file; the KV line the test reads could
-    # still sit in an engine core's buffer (CI once found no line at all)
-    env = {**os.environ, **ENV, "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
+    # VLLM_LOGGING_LEVEL: importing TRL (earlier tests do) sets it to ERROR in this process's environment, which
+    # would hide the INFO line with the KV size the test reads; PYTHONUNBUFFERED: the log is read while the server
+    # runs
+    env = {**os.environ, **ENV, "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1",
+           "VLLM_LOGGING_LEVEL": "INFO"}
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     with open(log_path, "w") as log:
@@ -161,19 +163,6 @@ def _delta(before: str, after: str, name: str) -> dict[str, float]:
     return {e: n - _metric(before, name).get(e, 0.0) for e, n in _metric(after, name).items()}
 
 
-def _recorded_scheduler(monkeypatch) -> list:
-    from rstar2 import rollout
-
-    made = []
-
-    class Recorded(rollout.Scheduler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-    monkeypatch.setattr(rollout, "Scheduler", Recorded)
-    return made
-
-
 def test_openai_engine_multi_turn_rollouts_and_kv_capacity_from_metrics(server, monkeypatch):
     """One rank of the server as one engine: token ids in and out, tool tokens masked, log-probs kept; the KV
     capacity read from ``/metrics`` is what vLLM allocated (its log line) and bounds the scheduler's admission."""
@@ -183,7 +172,7 @@ def test_openai_engine_multi_turn_rollouts_and_kv_capacity_from_metrics(server, 
     tool_response = len(tok.encode(chat.tool_response_text(["42"]), add_special_tokens=False))
     assert len(FIRST) + 1 + tool_response < L  # every trajectory gets a second turn
     Steered.turns = {}
-    made = _recorded_scheduler(monkeypatch)
+    made = recorded_scheduler(monkeypatch)
     engine = Steered(url, NAME, [tok.eos_token_id], temperature=1.0, top_p=1.0, dp_rank=0)
     cfg = RolloutConfig(max_response_tokens=L, max_turns=3, temperature=1.0)
     problems = [{"id": f"p{i}", "problem": f"What is {i} times 7?"} for i in range(4)]
@@ -224,7 +213,7 @@ def test_one_scheduler_over_the_data_parallel_ranks_keeps_each_trajectory_on_its
 
     url, _, tok = server
     Steered.turns = {}
-    made = _recorded_scheduler(monkeypatch)
+    made = recorded_scheduler(monkeypatch)
     monkeypatch.setattr(servers, "OpenAIEngine", Steered)  # server_engines builds the steered engines
     before = servers.read_metrics(url)
     cfg = RolloutConfig(max_response_tokens=L, max_turns=3, temperature=1.0, engine="server",

@@ -65,3 +65,18 @@ def check_trajectory(t, turns, tok) -> None:
     assert all(math.isfinite(lp) and lp <= 0.0 for lp, m in zip(t.response_logprobs, t.response_mask) if m)
     free = [lp for lp in lps[len(turns[0][1].token_ids):] if lp != 0.0]
     assert free and sum(free) / len(free) < -1.0  # free turns: a random model's samples are improbable
+
+
+def recorded_scheduler(monkeypatch) -> list:
+    """Patch ``rstar2.rollout.Scheduler`` so every scheduler ``run_rollouts`` builds is appended to the returned
+    list (the tests read its admissions and peak reservation)."""
+    from rstar2 import rollout
+
+    made = []
+
+    class Recorded(rollout.Scheduler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+    monkeypatch.setattr(rollout, "Scheduler", Recorded)
+    return made
