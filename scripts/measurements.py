@@ -29,6 +29,8 @@ sys.path.insert(0, str(REPO))
 from rstar2.report.lead import _ci, headline  # noqa: E402  (the report's own numbers, not a second computation)
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+# set to lower PyTorch's kernels to what an AVX2-only CPU has (README "Without native bf16"): part of the machine
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 MODEL_ORDER = ("base", "sft", "rl_stage1", "rl_stage2", "rl_stage3")   # the workflow's evaluated models, in order
 
 
@@ -42,7 +44,8 @@ def machine() -> dict:
     flags = set(flags.group(1).split()) if flags else set()
 
     return {"cpu": model.group(1) if model else platform.processor(), "family": fam and fam.group(1),
-            "model": mod and mod.group(1), "cores": os.cpu_count(), "flags": [f for f in FLAGS if f in flags]}
+            "model": mod and mod.group(1), "cores": os.cpu_count(), "flags": [f for f in FLAGS if f in flags],
+            "isa_env": {k: os.environ[k] for k in ISA_ENV if k in os.environ}}
 
 
 def save(name: str, wall_s: float | None, command: str, results: Path, logs: Path) -> Path:
@@ -81,7 +84,8 @@ def table(name: str) -> str:
     evals = {m: json.loads((dest / "eval" / m / "summary.json").read_text()) for m in MODEL_ORDER if m in found}
     bench = params.get("lead_benchmark") or "arith_heldout"
     lines = [f"machine: {run['machine']['cpu']} (family {run['machine']['family']} model {run['machine']['model']}, "
-             f"{run['machine']['cores']} cores, flags {', '.join(run['machine']['flags']) or 'none of ' + ', '.join(FLAGS)}); "
+             f"{run['machine']['cores']} cores, flags {', '.join(run['machine']['flags']) or 'none of ' + ', '.join(FLAGS)}"
+             + "".join(f", {k}={v}" for k, v in run["machine"].get("isa_env", {}).items()) + "); "
              f"commit {run['commit'][:12]}; command `{run['command']}`"]
     head = headline(evals, bench)
     if head:
