@@ -14,7 +14,9 @@ The bound per decode step at batch B, from two numbers measured here (not datash
   caches, best of ``--repeats``;
 - compute: 2 x parameters x B FLOPs / the float32 GEMM rate of ``torch.matmul`` at the shape of the model's MLP
   up projection at that batch ([B, hidden] @ [hidden, intermediate], weight cache-resident), best of a few runs.
-The step's bound is the larger time; tokens/s bound = B / that time, and ratio = measured / bound.
+The step's bound is the larger time; tokens/s bound = B / that time, and ratio = measured / bound. A second,
+stricter ratio uses the large 512x1024x1024 GEMM's rate instead (what the cores reach when the shape is kind,
+which a few-row product does not get from PyTorch's GEMM).
 
 Decode tokens/s counts the B x (new_tokens - 1) tokens of the single-token forwards, over the time from the end
 of the prefill to the return. The profile splits that time by forward hooks: attention and MLP modules, the LM
@@ -118,15 +120,16 @@ class ForwardTimer:
         self.seconds.clear()
 
 
-def run_batch(model, timer, batch: int, prompt_tokens: int, new_tokens: int, seed: int) -> dict:
-    """One ``decode_cached`` call of ``batch`` distinct random prompts; timings (s) and decode tokens/s."""
+def run_batch(model, timer, batch: int, prompt_tokens: int, new_tokens: int, seed: int, pack: bool = True) -> dict:
+    """One ``decode_cached`` call of ``batch`` distinct random prompts; timings (s), decode tokens/s and the
+    generated token ids (``pack``: ``decode_cached``'s)."""
     g = torch.Generator().manual_seed(seed + batch)
     prompts = torch.randint(100, model.config.vocab_size, (batch, prompt_tokens), generator=g).tolist()
     timer.reset()
     t0 = time.perf_counter()
     with torch.no_grad():
         out = decode_cached(model, [(None, p) for p in prompts], [new_tokens] * batch, stop_id=-1, pad_id=0,
-                            temperature=0.0, top_p=1.0, keep=False)
+                            temperature=0.0, top_p=1.0, keep=False, pack=pack)
     t1 = time.perf_counter()
     assert all(len(ids) == new_tokens for ids, _ in out), "a row ended early"
     prefill_end = max(e for _, e, kind in timer.spans if kind == "prefill")
@@ -137,7 +140,22 @@ def run_batch(model, timer, batch: int, prompt_tokens: int, new_tokens: int, see
     profile["forward other"] = s["decode/forward"] - sum(profile.values())
     profile["outside forward"] = decode_s - s["decode/forward"]
     return {"steps": steps, "prefill_s": prefill_end - t0, "decode_s": decode_s,
-            "tok_s": batch * steps / decode_s, "profile": profile}
+            "tok_s": batch * steps / decode_s, "profile": profile, "ids": [ids for ids, _ in out]}
+
+
+def ab(model, timer, batches, prompt_tokens, new_tokens, seed, rounds) -> None:
+    """Packed linear layers (``hf_packed``, oneDNN) against ``F.linear`` (MKL), alternating rounds per batch:
+    median decode tokens/s of each and whether their greedy tokens are identical."""
+    print(f"\nA/B: F.linear vs packed linear layers, {rounds} alternating rounds per batch")
+    print("batch  F.linear tok/s  packed tok/s  packed/F.linear  identical greedy tokens")
+    for b in batches:
+        runs = {False: [], True: []}
+        for r in range(rounds):
+            for pack in ((False, True) if r % 2 == 0 else (True, False)):
+                runs[pack].append(run_batch(model, timer, b, prompt_tokens, new_tokens, seed, pack))
+        med = {f: sorted(x["tok_s"] for x in v)[len(v) // 2] for f, v in runs.items()}
+        same = all(x["ids"] == runs[False][0]["ids"] for v in runs.values() for x in v)
+        print(f"{b:5d} {med[False]:15.0f} {med[True]:13.0f} {med[True] / med[False]:15.2f}x  {same}", flush=True)
 
 
 def main() -> None:
@@ -149,6 +167,8 @@ def main() -> None:
     ap.add_argument("--bandwidth-mb", type=int, default=1024, help="array size for the bandwidth test")
     ap.add_argument("--repeats", type=int, default=5, help="timings per bandwidth measurement (best is kept)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",
+                    help="then packed against F.linear layers, ROUNDS alternating rounds per batch (0: not)")
     a = ap.parse_args()
     if a.new_tokens < 2:
         ap.error("--new-tokens must be >= 2 (the first token comes from the prefill)")
@@ -190,25 +210,29 @@ def main() -> None:
         mem_s = (weight_bytes + b * mean_ctx * kv_per_token) / (bw * 1e9)
         flop_s = 2 * n_params * b / (rate * 1e9)
         bound_tok_s = b / max(mem_s, flop_s)
+        peak_tok_s = b / max(mem_s, 2 * n_params * b / (peak * 1e9))
         print(f"batch {b:3d}: GEMM [{b}, {cfg.hidden_size}] @ [{cfg.hidden_size}, {cfg.intermediate_size}] "
               f"{rate:.0f} GFLOP/s; decoding {a.new_tokens} tokens after {a.prompt_tokens}-token prompts ...",
               flush=True)
         r = run_batch(model, timer, b, a.prompt_tokens, a.new_tokens, a.seed)
-        r.update(batch=b, rate=rate, mem_ms=mem_s * 1e3, flop_ms=flop_s * 1e3, bound=bound_tok_s)
+        r.update(batch=b, rate=rate, mem_ms=mem_s * 1e3, flop_ms=flop_s * 1e3, bound=bound_tok_s, peak=peak_tok_s)
         rows.append(r)
         print(f"  prefill {r['prefill_s']:.2f} s, {r['steps']} decode steps in {r['decode_s']:.2f} s: "
               f"{r['tok_s']:.0f} tok/s ({r['decode_s'] / r['steps'] * 1e3:.1f} ms/step)", flush=True)
 
-    print("\nbatch  ms/step  tok/s  bound: mem ms  flop ms  tok/s   measured/bound")
+    print("\nbatch  ms/step  tok/s  bound: mem ms  flop ms  tok/s   measured/bound   at the 512x1024x1024 GEMM "
+          "rate: tok/s  measured/that")
     for r in rows:
         step_ms = r["decode_s"] / r["steps"] * 1e3
         print(f"{r['batch']:5d} {step_ms:8.1f} {r['tok_s']:6.0f} {r['mem_ms']:13.1f} {r['flop_ms']:8.1f} "
-              f"{r['bound']:6.0f}   {r['tok_s'] / r['bound']:6.1%}")
+              f"{r['bound']:6.0f}   {r['tok_s'] / r['bound']:14.1%}   {r['peak']:34.0f}  {r['tok_s'] / r['peak']:12.1%}")
     print("\nprofile of the decode steps (ms/step):")
     names = list(rows[0]["profile"])
     print("batch " + "".join(f"{n:>17}" for n in names))
     for r in rows:
         print(f"{r['batch']:5d} " + "".join(f"{v / r['steps'] * 1e3:17.1f}" for v in r["profile"].values()))
+    if a.ab:
+        ab(model, timer, a.batches, a.prompt_tokens, a.new_tokens, a.seed, a.ab)
 
 
 if __name__ == "__main__":
