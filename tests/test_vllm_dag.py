@@ -5,7 +5,10 @@ then rl_stage1 runs again in a copy of that workflow folder with the same seed, 
 no difference in its folder, while within each group the samples differ (per-trajectory seeds,
 rstar2/rollout/vllm_reproducible.py; one seed per group would give G equal samples).
 
-Runs in scratch copies of the workflow; no network, no model hub."""
+A random tiny model solves nothing, so every RL step's groups are all wrong and dropped (no update): the DAG
+checks the vLLM paths run end to end and repeat; training on vLLM's rollouts, and the weight sync, are
+tests/test_vllm_rl.py's. Runs in scratch copies of the workflow; no network, no model hub. 240 s on a 2-core
+AMD EPYC Zen 5 (the DAG 203 s, the rerun 28 s)."""
 
 from __future__ import annotations
 
