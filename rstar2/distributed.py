@@ -61,17 +61,21 @@ def vllm_kwargs(rollout: dict, dist: dict | None) -> dict:
     """TRL ``GRPOConfig`` vLLM fields for an RL stage, from ``rollout.engine`` and ``distributed.vllm``.
 
     rollout.engine "hf" -> no vLLM; "vllm" -> TRL colocate mode (one in-process vLLM per training process,
-    sharing its GPU); "server" -> TRL server mode against ``rollout.server_urls[0]`` (started with
-    ``trl vllm-serve``, whose weights TRL updates over NCCL). TRL's importance-sampling correction is off: it needs
-    TRL's own generation path, which RoCGRPOTrainer replaces; ``rl.tis`` is ours (rstar2/rl/tis.py).
+    sharing its GPU; with distributed.device "cpu" vLLM's CPU build beside the CPU trainer, its weights reloaded
+    each step by ``rollout.vllm_sync``); "server" -> TRL server mode against ``rollout.server_urls[0]`` (started
+    with ``trl vllm-serve``, whose weights TRL updates over NCCL, so CUDA only). TRL's importance-sampling
+    correction is off: it needs TRL's own generation path, which RoCGRPOTrainer replaces; ``rl.tis`` is ours
+    (rstar2/rl/tis.py).
     Raises:
-        ValueError: engine "vllm"/"server" with distributed.device "cpu" (TRL's vLLM paths need CUDA).
+        ValueError: engine "server" with distributed.device "cpu" (NCCL weight sync needs CUDA); "server"
+            without server_urls; a missing key.
     """
     engine = _need(rollout, "engine")["engine"]
     if engine == "hf":
         return {"use_vllm": False}
-    if _need(dist, "device", "vllm")["device"] != "cuda":
-        raise ValueError(f"rollout.engine {engine!r} in an RL stage needs distributed.device: cuda")
+    if _need(dist, "device", "vllm")["device"] != "cuda" and engine == "server":
+        raise ValueError("rollout.engine 'server' in an RL stage needs distributed.device: cuda (TRL updates the "
+                         "server's weights over NCCL); on CPU use rollout.engine vllm (colocate)")
     v = _need(dist["vllm"], "gpu_memory_utilization", "enable_sleep_mode", "max_model_length", "server_timeout_s")
     kw = {"use_vllm": True, "vllm_importance_sampling_correction": False,
           "vllm_gpu_memory_utilization": v["gpu_memory_utilization"],

@@ -142,8 +142,12 @@ def test_rl_vllm_arguments_from_the_paper_rule(slurm_jobs):
     kw = distributed.vllm_kwargs(params["rollout"], params["trainer"])
     assert kw["use_vllm"] and kw["vllm_mode"] == "colocate" and kw["vllm_tensor_parallel_size"] == 1
     assert kw["vllm_importance_sampling_correction"] is False and kw["vllm_enable_sleep_mode"]
-    with pytest.raises(ValueError, match="needs distributed.device: cuda"):
-        distributed.vllm_kwargs(params["rollout"], {**params["trainer"], "device": "cpu"})
+    # on CPU, colocate mode runs on vLLM's CPU build (tests/test_vllm_rl.py, tests/test_vllm_dag.py); server mode
+    # cannot (TRL syncs its weights over NCCL)
+    cpu = {**params["trainer"], "device": "cpu"}
+    assert distributed.vllm_kwargs(params["rollout"], cpu) == kw
+    with pytest.raises(ValueError, match="'server' in an RL stage needs distributed.device: cuda"):
+        distributed.vllm_kwargs({**params["rollout"], "engine": "server", "server_urls": ["http://127.0.0.1:1"]}, cpu)
     with pytest.raises(ValueError, match="server_urls"):
         distributed.vllm_kwargs({**params["rollout"], "engine": "server", "server_urls": []}, params["trainer"])
 

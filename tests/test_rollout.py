@@ -111,7 +111,7 @@ def test_config_errors_and_trainer_engines(qwen_tokenizer):
                "engine": "server", "server_urls": ["http://127.0.0.1:1"], "server_model": None, "scheduler": "static",
                "kv_cache_tokens": None, "hf_kv_cache_mb": None, "num_engines": 1, "max_calls_per_turn": 1,
                "max_inflight_per_engine": 8,
-               "precision": "fp32", "kv_reuse": True, "reproducible": True}
+               "precision": "fp32", "kv_reuse": True, "reproducible": True, "vllm": None}
     tool = {"name": "python", "timeout_s": 3, "memory_mb": 256, "max_output_chars": 100}
     cfg = RolloutConfig.from_params(rollout, tool)
     assert cfg.tool.limits().timeout_s == 3 and cfg.tool.name == "python"

@@ -18,13 +18,14 @@ from .engines import Generation, HFEngine, engines_for_trainer, inference_copy
 from .lane import run_async
 from .scheduler import Scheduler
 from .servers import OpenAIEngine, server_engines
-from .vllm_engines import AsyncVLLMEngine, StepVLLMEngine, start_async_llm
+from .vllm_engines import AsyncVLLMEngine, StepVLLMEngine, shutdown_async_llm, start_async_llm
 from .vllm_reproducible import enable_batch_invariance, seed_engines
+from .vllm_settings import async_engine_args, set_env
 
 __all__ = ["AgentLoop", "AsyncVLLMEngine", "CentralDispatch", "DelayedToolRunner", "Generation", "HFEngine",
            "OpenAIEngine", "Progress", "RolloutConfig", "Scheduler", "StepVLLMEngine", "ToolConfig", "ToolRunner",
            "Trajectory", "central_for_trainer", "default_engines", "engines_for_trainer", "grade_all", "run_async",
-           "run_rollouts", "sample_groups", "server_engines"]
+           "run_rollouts", "sample_groups", "server_engines", "shutdown_vllm"]
 
 
 _VLLM_CACHE: dict = {}
@@ -32,8 +33,9 @@ _VLLM_CACHE: dict = {}
 
 def default_engines(model, tok, cfg: RolloutConfig, seed: int | None = None) -> list:
     """The engines ``cfg.engine`` names (see RolloutConfig): "server" = one engine per data-parallel rank of each
-    server in ``cfg.server_urls``; "vllm" = an in-process ``vllm.AsyncLLM``, built once per model folder (prefix
-    caching on; log-probabilities of the processed distribution, the one sampled from; with ``cfg.reproducible``
+    server in ``cfg.server_urls``; "vllm" = an in-process ``vllm.AsyncLLM``, built once per model folder with the
+    settings and environment of ``cfg.vllm`` (vllm_settings.py: prefix caching on; log-probabilities of the processed
+    distribution, the one sampled from; with ``cfg.reproducible``
     each turn seeded from ``seed`` and the trajectory, and on a GPU batch-invariant kernels: vllm_reproducible.py);
     "hf" = HFEngine replicas, sampling from the streams of ``seed`` (None: drawn from torch's global RNG; servers
     ignore it)."""
@@ -45,11 +47,9 @@ def default_engines(model, tok, cfg: RolloutConfig, seed: int | None = None) -> 
     if cfg.engine == "vllm":
         path = model.config._name_or_path
         if path not in _VLLM_CACHE:
-            from vllm import AsyncEngineArgs  # optional GPU extra
-
-            enable_batch_invariance(cfg.reproducible, "vllm")  # read when the engine starts
-            args = AsyncEngineArgs(model=path, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
-            _VLLM_CACHE[path] = start_async_llm(args)
+            set_env(cfg.vllm)  # read when the engine starts, as is batch invariance
+            enable_batch_invariance(cfg.reproducible, "vllm")
+            _VLLM_CACHE[path] = start_async_llm(async_engine_args(path, cfg.vllm))
         return [AsyncVLLMEngine(_VLLM_CACHE[path], stop, cfg.temperature, cfg.top_p, cfg.kv_cache_tokens,
                                 seed=seed if cfg.reproducible else None)]
     if hasattr(model, "eval"):
@@ -64,6 +64,13 @@ def default_engines(model, tok, cfg: RolloutConfig, seed: int | None = None) -> 
                      kv_reuse=cfg.kv_reuse, seed=seed,
                      reproducible=cfg.reproducible)
             for _ in range(cfg.num_engines)]
+
+
+def shutdown_vllm() -> None:
+    """Shut down every in-process ``AsyncLLM`` that ``default_engines`` built (a stage calls it once its rollouts
+    are done: vLLM's engine process then exits in order instead of being killed at interpreter exit)."""
+    while _VLLM_CACHE:
+        shutdown_async_llm(_VLLM_CACHE.popitem()[1])
 
 
 def run_rollouts(model, tok, problems: list[dict], cfg: RolloutConfig, progress=None, *, engines: list | None = None,

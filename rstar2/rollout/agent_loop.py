@@ -52,7 +52,7 @@ class RolloutConfig:
 
     batch_size: most sequences one engine runs in one forward batch (transformers engine).
     engine: "hf" (transformers ``generate`` on the policy), "vllm" (an in-process ``vllm.AsyncLLM`` on the
-        model's folder; GPU extra) or "server" (OpenAI-compatible vLLM servers at ``server_urls``, one engine per
+        model's folder; the GPU extra or vLLM's CPU build; RL: the trainer's colocated ``vllm.LLM``) or "server" (OpenAI-compatible vLLM servers at ``server_urls``, one engine per
         data-parallel rank, serving ``server_model``).
     num_engines: engine instances for "hf" (replicas sharing one model object).
     scheduler: "balanced" (KV-aware admission, no per-turn barrier; paper §3.2) or "static" (even split,
@@ -68,6 +68,8 @@ class RolloutConfig:
         placement and admission (scheduler.py) and per-engine turn rounds (engines.BatchingEngine).
     precision: "fp32" | "bf16" | "force-bf16" for the "hf" engine (bf16 = a bfloat16 copy of the policy, generated
         under torch.autocast; "bf16" only where the device has native bf16, else float32: rstar2.precision).
+    vllm: engine "vllm": the in-process engine's settings (``distributed.vllm``: ``max_model_length``,
+        ``enforce_eager``, ``env``; ``vllm_settings``); None = vLLM's own defaults.
     tool: the code tool (``ToolConfig``).
     """
     max_response_tokens: int = 512
@@ -87,6 +89,7 @@ class RolloutConfig:
     precision: str = "fp32"
     kv_reuse: bool = True
     reproducible: bool = True
+    vllm: dict | None = None
     tool: ToolConfig = field(default_factory=ToolConfig)
 
     def __post_init__(self):

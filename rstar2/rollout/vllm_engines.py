@@ -70,6 +70,15 @@ def start_async_llm(engine_args, async_llm_cls=None):
     return llm
 
 
+def shutdown_async_llm(llm) -> None:
+    """Shut an ``AsyncLLM`` down (its engine process exits) and stop the event loop it runs on."""
+    llm.shutdown()
+    with _LOOPS_LOCK:
+        loop = _LOOPS.pop(llm, None)
+    if loop is not None:
+        loop.call_soon_threadsafe(loop.stop)
+
+
 def vllm_classes():
     """``(SamplingParams, RequestOutputKind.FINAL_ONLY)`` from vLLM (ImportError without the GPU extra)."""
     from vllm import SamplingParams
@@ -176,11 +185,7 @@ class AsyncVLLMEngine(_Sampling):
 
     def shutdown(self) -> None:
         """Shut vLLM down and stop its event loop (every engine on this AsyncLLM is unusable afterwards)."""
-        self.llm.shutdown()
-        with _LOOPS_LOCK:
-            loop = _LOOPS.pop(self.llm, None)
-        if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
+        shutdown_async_llm(self.llm)
 
 
 class StepVLLMEngine(_Sampling):

@@ -169,7 +169,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     import dataclasses
 
     from .. import grading, models, precision
-    from ..rollout import Progress, grade_all, run_rollouts
+    from ..rollout import Progress, grade_all, run_rollouts, shutdown_vllm
 
     t0 = time.time()
     ev = parse(EvaluateParams, params, "evaluate params")
@@ -212,6 +212,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
                 append_jsonl(out / bench / "per_problem.jsonl",
                              _record(p, kind, trajs[sl], checks[sl] if kind in grading.CHECKERS else None))
             progress(start + len(batch), len(todo))
+    shutdown_vllm()  # rollout.engine vllm: the AsyncLLM is done (nothing else when there is none)
     summary = {"model": model_name, "benchmarks": {}}
     for bench, (kind, probs) in problems.items():
         ids = {str(p["id"]) for p in probs}

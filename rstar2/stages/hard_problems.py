@@ -27,7 +27,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
             stage 3 would have no data; min_passes not below k.
     """
     from .. import models, precision
-    from ..rollout import Progress, sample_groups
+    from ..rollout import Progress, sample_groups, shutdown_vllm
 
     t0 = time.time()
     p = parse(HardProblemsParams, params, "hard_problems params")
@@ -42,6 +42,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, model_and_to
     # each row is graded with its rl_data source's answer_type, as in the RL stages (integer when a row has none)
     groups = sample_groups(model, tok, rows, k, p.rollout, progress=Progress("hard_problems"), answer_type="integer",
                            seed=seeds.derive(p.seed, "hard_problems"))
+    shutdown_vllm()  # rollout.engine vllm: the AsyncLLM is done (nothing else when there is none)
     counted = [{**r, "passes": int(sum(t.reward > 0 for t in g)), "k": k} for r, g in zip(rows, groups)]
     hard = [r for r in counted if p.min_passes <= r["passes"] < k]
     if not hard:

@@ -46,11 +46,14 @@ class BaseModelParams:
 
 @dataclass(frozen=True)
 class VLLMParams:
-    """``distributed.vllm``: TRL's vLLM in the RL stages."""
+    """``distributed.vllm``: TRL's vLLM in the RL stages (also handed to the rollouts of an in-process vLLM:
+    ``RolloutConfig.vllm``)."""
     gpu_memory_utilization: float
     enable_sleep_mode: bool
     max_model_length: int | None
     server_timeout_s: float
+    enforce_eager: bool
+    env: dict
 
 
 @dataclass(frozen=True)
@@ -254,10 +257,12 @@ def to_json(params) -> str:
 # ---- builders: validated config -> each rule's parameters ----
 
 def _rollout(config: dict, budget: dict, temperature: float, top_p: float, batch_size: int) -> RolloutConfig:
-    """A stage's rollout settings: its token and turn budget, its sampling, the shared engine section, the tool."""
+    """A stage's rollout settings: its token and turn budget, its sampling, the shared engine section, the tool,
+    and with ``rollout.engine`` vllm the in-process engine's settings (``distributed.vllm``)."""
+    vllm = dict(config["distributed"]["vllm"]) if config["rollout"]["engine"] == "vllm" else None
     return RolloutConfig(max_response_tokens=budget["max_response_tokens"], max_turns=budget["max_turns"],
                          temperature=temperature, top_p=top_p, batch_size=batch_size, **config["rollout"],
-                         reproducible=config["reproducible"], tool=ToolConfig(**config["tool"]))
+                         reproducible=config["reproducible"], vllm=vllm, tool=ToolConfig(**config["tool"]))
 
 
 def _trainer(config: dict) -> TrainerParams:

@@ -12,6 +12,7 @@ from ..io import read_jsonl, write_manifest
 from ..params import merge_overrides, to_dict
 from ..rollout.scheduler import policy_name
 from ..rollout.vllm_reproducible import enable_batch_invariance
+from ..rollout.vllm_settings import set_env
 from .params import RLParams, parse
 
 
@@ -194,7 +195,10 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     if resume and ps.is_main_process:
         callback.replay(read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else [])
     callbacks = [callback] + _heldout_callbacks(p, heldout, out, ps.is_main_process)
-    # TRL builds its colocated vLLM in the trainer: batch-invariant kernels must be asked for before (on CUDA)
+    # TRL builds its colocated vLLM in the trainer: its environment (distributed.vllm.env) and batch-invariant
+    # kernels (on CUDA) must be set before
+    if p.rollout.engine == "vllm":
+        set_env(p.rollout.vllm)
     batch_invariant = enable_batch_invariance(p.rollout.reproducible, p.rollout.engine)
     trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
                                    processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks,

@@ -1,0 +1,37 @@
+"""The settings an in-process vLLM engine starts with (``distributed.vllm``, handed to the rollouts as
+``RolloutConfig.vllm``): the environment it reads when it starts, and the ``AsyncEngineArgs`` of the engine that
+evaluation and hard-problem mining build (paper §3.2: the rollout engine; §5: evaluation).
+
+vLLM reads its ``VLLM_*`` variables when an engine starts (vllm 0.31.0 ``vllm/envs.py``; the CPU build's
+``vllm/platforms/cpu.py`` reads ``VLLM_CPU_KVCACHE_SPACE``, the KV cache in GiB, and ``VLLM_CPU_OMP_THREADS_BIND``
+in ``check_and_update_config``), and its engine-core processes inherit this process's environment: so the stage
+sets them in its own process first (``set_env``), before TRL builds its colocated ``vllm.LLM`` or before
+``default_engines`` builds an ``AsyncLLM``.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def set_env(vllm: dict | None) -> dict:
+    """Set ``vllm["env"]`` (name -> value strings) in this process's environment; returns what was set ({} for
+    None or no ``env``). The config's value replaces one inherited from the caller's shell."""
+    env = {str(k): str(v) for k, v in ((vllm or {}).get("env") or {}).items()}
+    os.environ.update(env)
+    return env
+
+
+def async_engine_args(model_path: str, vllm: dict | None):
+    """``vllm.AsyncEngineArgs`` of the in-process engine on ``model_path``: prefix caching on, log-probabilities of
+    the processed distribution (the one sampled from), ``max_model_len`` from ``max_model_length`` (None: the
+    model's) and ``enforce_eager``; the model's own dtype (vLLM's ``auto``).
+
+    Raises:
+        ImportError: vLLM is not installed.
+    """
+    from vllm import AsyncEngineArgs  # optional: the GPU extra or vLLM's CPU build
+
+    v = vllm or {}
+    return AsyncEngineArgs(model=model_path, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                           max_model_len=v.get("max_model_length"), enforce_eager=bool(v.get("enforce_eager")))

@@ -1,0 +1,115 @@
+"""The tiny DAG on real vLLM (its CPU build, requirements-vllm.txt): configs/tiny-vllm.yaml over tiny.yaml puts the
+three RL stages in TRL's colocate mode (``StepVLLMEngine`` on TRL's ``vllm.LLM``, weights reloaded each step),
+hard-problem mining and evaluation on an in-process ``AsyncLLM`` (``rollout.engine: vllm``). The run completes;
+then rl_stage1 runs again in a copy of that workflow folder with the same seed, and ``rstar2 compare-runs`` finds
+no difference in its folder, while within each group the samples differ (per-trajectory seeds,
+rstar2/rollout/vllm_reproducible.py; one seed per group would give G equal samples).
+
+A random tiny model solves nothing, so every RL step's groups are all wrong and dropped (no update): the DAG
+checks the vLLM paths run end to end and repeat; training on vLLM's rollouts, and the weight sync, are
+tests/test_vllm_rl.py's. Runs in scratch copies of the workflow; no network, no model hub. 240 s on a 2-core
+AMD EPYC Zen 5 (the DAG 203 s, the rerun 28 s)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import REPO_ROOT, copy_workflow
+from test_workflow import ENV, smk
+from vllm_cpu import ENV as VLLM_CPU_ENV
+
+from rstar2.io import read_jsonl
+
+pytest.importorskip("vllm")
+
+CONFIGS = ("configs/tiny.yaml", "configs/tiny-vllm.yaml")
+RL = ("rl/stage1", "rl/stage2", "rl/stage3")
+EVALUATED = ("rl_stage3",)   # configs/tiny-vllm.yaml
+
+
+def test_per_trajectory_seeds_reach_the_colocated_engine(qwen_tokenizer):
+    """The RL path (``RolloutFunc`` -> ``run_rollouts(seed=...)``): the engine on TRL's colocated LLM
+    (``StepVLLMEngine``, built without a seed) samples each trajectory turn with its own ``SamplingParams.seed``
+    (``vllm_reproducible.turn_seed`` of the phase's seed, the key, the context length), different within a group,
+    and is unseeded again after the phase. (TRL's LLM has one global seed, 0, so the same-seed DAG rerun below
+    would match without these; this is what makes a trajectory's tokens independent of its batch.)"""
+    from types import SimpleNamespace
+
+    from test_rollout_vllm import CLASSES, FakeLLMEngine
+
+    from rstar2.rollout import RolloutConfig, StepVLLMEngine, run_rollouts
+    from rstar2.rollout.vllm_reproducible import turn_seed
+
+    tok, seen = qwen_tokenizer, []
+
+    class Recording(FakeLLMEngine):
+        def add_request(self, request_id, prompt, params, **kw):
+            seen.append((request_id, len(prompt["prompt_token_ids"]), params.seed))
+            super().add_request(request_id, prompt, params, **kw)
+
+    eng = StepVLLMEngine(SimpleNamespace(llm_engine=Recording(lambda ids: [tok.eos_token_id])), [tok.eos_token_id],
+                         1.0, 1.0, classes=CLASSES)
+    group = [{"id": "p0", "problem": "What is 6 times 7?", "answer": "42"}] * 2
+    trajs = run_rollouts(None, tok, group, RolloutConfig(max_response_tokens=8, reproducible=True), engines=[eng],
+                         tools=SimpleNamespace(), reward_fn=lambda text, gold: {"pred": None, "reward": 0.0}, seed=7)
+    want = {t.key: turn_seed(7, t.key, len(t.prompt_ids)) for t in trajs}
+    assert len(seen) == 2 and {rid.rsplit("/", 1)[0]: seed for rid, _, seed in seen} == want
+    assert len(set(want.values())) == 2 and None not in want.values() and eng.seed is None
+
+
+def test_the_overlay_gives_the_jobs_the_vllm_cpu_tests_environment():
+    overlay = yaml.safe_load((REPO_ROOT / "configs/tiny-vllm.yaml").read_text())
+    assert overlay["distributed"]["vllm"]["env"] == VLLM_CPU_ENV and overlay["rollout"] == {"engine": "vllm"}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    workdir = copy_workflow(tmp_path_factory.mktemp("vllm_dag") / "a")
+    smk(workdir, "--cores", "2", "--configfile", *CONFIGS, timeout=1800)
+    return workdir
+
+
+@pytest.mark.slow
+def test_tiny_dag_completes_with_rollout_engine_vllm(run):
+    results = run / "results"
+    for stage in ("base_model", "sft_data", "sft", "rl_candidates", "rl_data", *RL, "hard_problems", "report"):
+        assert (results / stage / "manifest.json").exists(), stage
+    generated = [*RL, "hard_problems", *(f"eval/{m}" for m in EVALUATED)]
+    for stage in generated:
+        params = json.loads((results / stage / "manifest.json").read_text())["params"]
+        assert params["rollout"]["engine"] == "vllm", stage
+        assert params["rollout"]["vllm"]["env"] == VLLM_CPU_ENV, stage
+    for stage in RL:   # each step's rollouts came from TRL's colocated LLM, synced first
+        assert "[rl] vLLM weights synced at step 0" in (run / "logs" / f"{stage}.log").read_text(), stage
+        assert len(read_jsonl(results / stage / "metrics.jsonl")) == 1, stage
+    assert "VLLM_CPU_OMP_THREADS_BIND='nobind'" in (run / "logs/evaluate_rl_stage3.log").read_text()
+    # a random model's evaluation: every benchmark was rolled out and graded on vLLM
+    evaluated = json.loads((results / "eval/rl_stage3/summary.json").read_text())["benchmarks"]
+    assert evaluated["bfcl"]["n_problems"] == 5 and evaluated["ifeval"]["n_problems"] == 1
+    assert (results / "report/summary.md").read_text().count("|") > 20
+    dry = smk(run, "-n", "--configfile", *CONFIGS)
+    assert "Nothing to be done" in dry.stdout + dry.stderr
+
+
+@pytest.mark.slow
+def test_same_seed_rl_stage_on_vllm_is_identical_and_a_groups_samples_differ(run, tmp_path_factory):
+    again = tmp_path_factory.mktemp("vllm_dag_again") / "b"
+    shutil.copytree(run, again, symlinks=True)   # copy2 keeps mtimes: only the deleted stage is out of date
+    shutil.rmtree(again / "results/rl/stage1")
+    smk(again, "results/rl/stage1/manifest.json", "--cores", "2", "--configfile", *CONFIGS, timeout=900)
+    a, b = run / "results/rl/stage1", again / "results/rl/stage1"
+    proc = subprocess.run([sys.executable, "-m", "rstar2.cli", "compare-runs", str(a), str(b)], env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "[compare-runs] identical" in proc.stdout, proc.stdout + proc.stderr
+    for name in ("rollouts.jsonl", "metrics.jsonl", "model/model.safetensors", "manifest.json"):
+        assert (b / name).exists(), name   # what was compared is there
+    groups: dict = {}
+    for row in read_jsonl(b / "rollouts.jsonl"):
+        groups.setdefault((row["step"], row["group"]), []).append(json.dumps(row["turns"]))
+    assert groups and all(len(g) >= 2 for g in groups.values()), groups
+    assert all(len(set(g)) == len(g) for g in groups.values()), groups
