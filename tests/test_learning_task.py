@@ -221,3 +221,33 @@ def test_recovery_mistakes(kind, code, stdin, expected):
         assert got is not None and any(got == (expected[0].format(n), expected[1]) for n in recovery._LABELS)
     else:
         assert got == expected
+
+
+def test_heldout_evaluation_decodes_the_live_policy_whatever_the_rollout_engine(monkeypatch, tmp_path):
+    """An in-process vLLM would load the stage's starting folder (an older policy): the held-out callback asks for
+    the transformers engine on the model it is handed."""
+    import dataclasses
+
+    from rstar2 import rollout
+    from rstar2.rl.heldout import make_heldout_callback
+    from rstar2.rollout import RolloutConfig
+
+    seen = []
+
+    def fake_sample_groups(model, tok, problems, k, rcfg, **kw):
+        seen.append((model, rcfg.engine))
+        return [[_traj(1.0) for _ in range(k)] for _ in problems]
+    monkeypatch.setattr(rollout, "sample_groups", fake_sample_groups)
+    monkeypatch.setattr(rollout, "grade_all", lambda *a, **kw: None)
+    rcfg = dataclasses.replace(RolloutConfig(max_response_tokens=8, max_turns=1), engine="vllm")
+    cb = make_heldout_callback([{"id": "h1", "problem": "2 + 2", "answer": "4"}], "integer", rcfg, every=1, k=2,
+                               seed=0, out_dir=str(tmp_path), max_steps=1, is_main=True)
+
+    class Policy:
+        training = False
+
+        def train(self, mode):
+            self.training = mode
+    policy = Policy()
+    cb.on_train_begin(None, type("S", (), {"global_step": 0})(), None, model=policy, processing_class=None)
+    assert seen == [(policy, "hf")]

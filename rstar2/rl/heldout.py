@@ -22,6 +22,7 @@ Both are cut back to the resumed checkpoint's step like the other logs (``rstar2
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -91,10 +92,15 @@ def make_heldout_callback(problems: list[dict], answer_type: str, rcfg, every: i
         k: samples per problem.
         max_steps: the stage's number of steps.
         is_main: only the main process evaluates and writes (the others wait at the next collective).
+
+    The evaluation decodes with the transformers engine on the live policy whatever ``rcfg.engine`` says: an
+    in-process vLLM built here would load the stage's starting folder, and a server holds the weights of the
+    last sync (before this step's update), so either would evaluate an older policy.
     """
     from transformers import TrainerCallback
 
     out = Path(out_dir)
+    rcfg = dataclasses.replace(rcfg, engine="hf")
 
     class HeldoutEval(TrainerCallback):
         def _evaluate(self, model, tok, step: int) -> None:
