@@ -130,16 +130,34 @@ def test_hard_problem_mining_records_pass_counts_and_drops_k_of_k(tmp_path, qwen
     counts = {r["answer"]: (r["passes"], r["k"]) for r in read_jsonl(out / "pass_counts.jsonl")}
     assert counts == {"7": (2, 2), "5": (1, 2), "4": (0, 2)}
     assert sorted(r["answer"] for r in read_jsonl(out / "hard.jsonl")) == ["4", "5"]
-    assert read_json(out / "manifest.json")["counts"] == {"mined": 3, "hard": 2, "solved_k_of_k": 1,
-                                                          "below_min_passes": 0}
+    assert read_json(out / "manifest.json")["counts"] == {"mined": 3, "problems": 3, "hard": 2,
+                                                          "solved_k_of_k": 1, "below_min_passes": 0}
 
     # min_passes 1: only problems the policy solves sometimes (the 0-of-2 one is dropped too)
     params["min_passes"] = 1
     hard_problems.run(params, "unused", str(data), str(tmp_path / "hard1"),
                       model_and_tokenizer=(CyclingVerifier(qwen_tokenizer, answers), qwen_tokenizer))
     assert [r["answer"] for r in read_jsonl(tmp_path / "hard1" / "hard.jsonl")] == ["5"]
-    assert read_json(tmp_path / "hard1" / "manifest.json")["counts"] == {"mined": 3, "hard": 1, "solved_k_of_k": 1,
-                                                                        "below_min_passes": 1}
+    assert read_json(tmp_path / "hard1" / "manifest.json")["counts"] == {"mined": 3, "problems": 3, "hard": 1,
+                                                                        "solved_k_of_k": 1, "below_min_passes": 1}
+
+    # one problem per round, in the shuffle's order 7, 4, 5: solved 2/2, then never (below min_passes), leave nothing,
+    # so mining goes on until min_hard are kept
+    assert order == ["7", "4", "5"]
+    one = {**params, "subset_size": 1, "min_hard": 1}
+    hard_problems.run(one, "unused", str(data), str(tmp_path / "rounds"),
+                      model_and_tokenizer=(CyclingVerifier(qwen_tokenizer, answers), qwen_tokenizer))
+    assert [r["answer"] for r in read_jsonl(tmp_path / "rounds" / "pass_counts.jsonl")] == ["7", "4", "5"]
+    assert [r["answer"] for r in read_jsonl(tmp_path / "rounds" / "hard.jsonl")] == ["5"]
+    assert read_json(tmp_path / "rounds" / "manifest.json")["counts"]["mined"] == 3
+    # the paper's rule keeps the never-solved 4: mining stops there, the 5 is not mined
+    hard_problems.run({**one, "min_passes": 0}, "unused", str(data), str(tmp_path / "rounds0"),
+                      model_and_tokenizer=(CyclingVerifier(qwen_tokenizer, answers), qwen_tokenizer))
+    assert [r["answer"] for r in read_jsonl(tmp_path / "rounds0" / "pass_counts.jsonl")] == ["7", "4"]
+    with pytest.raises(ValueError, match=r"none of 1 mined problems was solved between 1 and 1 times out of 2; "
+                                         r"raise subset_size or min_hard or lower min_passes"):
+        hard_problems.run({**one, "min_hard": 0}, "unused", str(data), str(tmp_path / "one_round"),
+                          model_and_tokenizer=(CyclingVerifier(qwen_tokenizer, answers), qwen_tokenizer))
     params["min_passes"] = 2
     with pytest.raises(ValueError, match=r"min_passes must be below k \(2\), got 2"):
         hard_problems.run(params, "unused", str(data), str(tmp_path / "hard2"),

@@ -16,9 +16,12 @@ import os
 
 def set_env(vllm: dict | None) -> dict:
     """Set ``vllm["env"]`` (name -> value strings) in this process's environment; returns what was set ({} for
-    None or no ``env``). The config's value replaces one inherited from the caller's shell."""
+    None or no ``env``). The config's value replaces one inherited from the caller's shell. Logs one line naming
+    what it set (the stage's log shows the environment its engine started with, whatever vLLM's log level)."""
     env = {str(k): str(v) for k, v in ((vllm or {}).get("env") or {}).items()}
     os.environ.update(env)
+    if env:
+        print("[vllm] environment: " + " ".join(f"{k}={v!r}" for k, v in env.items()), flush=True)
     return env
 
 

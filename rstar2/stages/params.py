@@ -183,11 +183,13 @@ class RLParams:
 @dataclass(frozen=True)
 class HardProblemsParams:
     """``hard_problems`` (paper §4.3): k rollouts per problem with the stage-2 policy; keep those solved at least
-    ``min_passes`` times but not k/k (paper: min_passes 0). ``sources``: the rl_data sources stage 3 trains on
+    ``min_passes`` times but not k/k (paper: min_passes 0); ``subset_size`` problems per round (0 = all at once),
+    rounds until ``min_hard`` are kept (0 = one round). ``sources``: the rl_data sources stage 3 trains on
     (those whose ``stages`` list stage3; None = all)."""
     k: int
     min_passes: int
     subset_size: int
+    min_hard: int
     sources: list | None
     rollout: RolloutConfig
     seed: int
@@ -356,7 +358,8 @@ def stage_sources(config: dict, stage: str) -> list[str] | None:
 
 def hard_problems(config: dict) -> HardProblemsParams:
     hp, rl = config["hard_problems"], config["rl"]
-    return HardProblemsParams(k=hp["k"], min_passes=hp["min_passes"], subset_size=hp["subset_size"], sources=stage_sources(config, "stage3"),
+    return HardProblemsParams(k=hp["k"], min_passes=hp["min_passes"], subset_size=hp["subset_size"],
+                              min_hard=hp["min_hard"], sources=stage_sources(config, "stage3"),
                               rollout=_rollout(config, hp, rl["temperature"], rl["top_p"], rl["batch_size"]),
                               seed=config["seed"])
 
