@@ -139,12 +139,19 @@ class _Worker:
             raise OSError(f"checker {kind!r} failed to import: {value}")
         self.loaded.add(kind)
 
-    def kill(self):
+    def end(self) -> None:
+        """SIGKILL the process, leaving the connection open: a thread blocked on it sees EOF and can exit."""
         try:
             self.proc.kill()
             self.proc.join(timeout=5)
         except (OSError, ValueError):
             pass
+
+    def kill(self):
+        """End the process and close the connection. Only once no other thread reads it: a connection closed
+        under a thread's poll frees its descriptor, which the next Pipe reuses, and that thread then reads (and
+        corrupts) the new worker's messages."""
+        self.end()
         self.conn.close()
 
 
@@ -248,7 +255,8 @@ class GradingPool:
                     print(f"[grading] item {i} of {len(items)}: {res[0]} ({res[1]}); worker replaced", file=sys.stderr,
                           flush=True)
 
-        threads = [threading.Thread(target=drive, args=(s,), daemon=True) for s in range(self.n)]
+        threads = [threading.Thread(target=drive, args=(s,), name=f"grading-drive-{s}", daemon=True)
+                   for s in range(self.n)]
         for t in threads:
             t.start()
         while alive := [t for t in threads if t.is_alive()]:
@@ -258,18 +266,34 @@ class GradingPool:
                 if busy and all(b < time.monotonic() for b in busy):
                     state["abandoned"] = True
                     break
+        if state["abandoned"]:
+            self._release(threads)
         return out
+
+    def _release(self, threads: list[threading.Thread]) -> None:
+        """After a stall: end every worker process so the abandoned drive threads see EOF and exit, then wait for
+        them. A worker whose thread still blocks on its connection (a process the kill cannot end) is left with its
+        connection open and never reused, so no later worker's descriptor can be read by that thread."""
+        for w in self.workers:
+            w.end()
+        deadline = time.monotonic() + 10.0
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        for slot, t in enumerate(threads):
+            if t.is_alive():
+                self.workers[slot] = None   # its connection stays open with the thread that reads it
 
     def restart(self) -> None:
         """Kill every worker and start a fresh set (the next generation)."""
         for w in self.workers:
-            w.kill()
+            if w is not None:
+                w.kill()
         self.generation += 1
         self.restarts += 1
         self.workers = [self._new_worker() for _ in range(self.n)]
 
     def close(self):
-        for w in self.workers:
+        for w in filter(None, self.workers):
             try:
                 w.conn.send(None)
             except (OSError, BrokenPipeError):

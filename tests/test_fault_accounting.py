@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 
 import pytest
 
@@ -107,8 +108,18 @@ def test_grading_pool_times_out_hung_items_restarts_a_stalled_pool_and_stops_whe
         p.close()
     monkeypatch.setenv(faults.ENV, json.dumps({"grading_stall": "once"}))
     p = grading_pool.GradingPool(workers=2, stall_s=2)
+    restart, readers = p.restart, []
+
+    def restart_recording_readers():
+        # a drive thread of the stalled pass still reading its worker's connection when the restart closes it
+        # would read the next worker's pipe (its descriptor is reused): CI saw a retried item fail that way
+        readers.extend(t.name for t in threading.enumerate() if t.name.startswith("grading-drive-"))
+        restart()
+
+    p.restart = restart_recording_readers
     try:
         assert [v["reward"] for s, v, _ in p.map("score", [item] * 3, timeout_s=1.0)] == [1.0] * 3 and p.restarts == 1
+        assert readers == []
     finally:
         p.close()
     monkeypatch.setenv(faults.ENV, json.dumps({"grading_stall": "always"}))
