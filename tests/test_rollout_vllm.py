@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from rstar2.rollout import CentralDispatch, RolloutConfig, run_rollouts
-from rstar2.rollout.vllm_engines import AsyncVLLMEngine, StepVLLMEngine, start_async_llm
+from rstar2.rollout.vllm_engines import AsyncVLLMEngine, StepVLLMEngine, shutdown_async_llm, start_async_llm
 
 from test_rollout_engines import _turns
 
@@ -133,6 +133,26 @@ def test_start_async_llm_builds_it_on_the_loop_it_runs_on(qwen_tokenizer):
     (t,) = run_rollouts(None, tok, [{"id": "p", "problem": "What is 6 times 7?", "answer": "42"}],
                         RolloutConfig(max_response_tokens=400), engines=[eng])
     assert t.reward == 1.0 and len(llm.requests) == 2  # generate's own assert: the loop it was built on
+
+
+def test_shutdown_cancels_the_output_handler_before_the_engine_stops_and_only_once():
+    """vLLM's AsyncLLM.shutdown stops the engine before it cancels its output handler, which then logs an
+    EngineDeadError traceback; and its __del__ shuts down again at interpreter exit."""
+    class Handled:
+        def __init__(self):
+            self.output_handler = asyncio.get_running_loop().create_task(asyncio.sleep(1e9))
+            self.shutdowns = []
+
+        @classmethod
+        def from_engine_args(cls, engine_args):
+            return cls()
+
+        def shutdown(self):
+            self.shutdowns.append(self.output_handler.done())
+    llm = start_async_llm(None, Handled)
+    shutdown_async_llm(llm)
+    llm.shutdown()   # what __del__ does at exit: nothing more
+    assert llm.shutdowns == [True] and llm.output_handler.cancelled()
 
 
 def test_async_vllm_engine_returns_a_short_turn_without_waiting_for_a_long_one(qwen_tokenizer):

@@ -89,9 +89,10 @@ def test_tiny_dag_completes_with_rollout_engine_vllm(run):
         assert len(read_jsonl(results / stage / "metrics.jsonl")) == 1, stage
     # evaluation set the overlay's environment before its AsyncLLM started (the stage's own line: vLLM's INFO log
     # is hidden where an earlier test's TRL import left VLLM_LOGGING_LEVEL=ERROR in the environment)
-    env_line = [ln for ln in (run / "logs/evaluate_rl_stage3.log").read_text().splitlines()
-                if ln.startswith("[vllm] environment: ")]
+    log = (run / "logs/evaluate_rl_stage3.log").read_text()
+    env_line = [ln for ln in log.splitlines() if ln.startswith("[vllm] environment: ")]
     assert env_line and "VLLM_CPU_OMP_THREADS_BIND='nobind'" in env_line[0], env_line
+    assert "Traceback" not in log, log[-3000:]   # its AsyncLLM was shut down once, not again at exit
     # a random model's evaluation: every benchmark was rolled out and graded on vLLM
     evaluated = json.loads((results / "eval/rl_stage3/summary.json").read_text())["benchmarks"]
     assert evaluated["bfcl"]["n_problems"] == 5 and evaluated["ifeval"]["n_problems"] == 1

@@ -72,9 +72,20 @@ def start_async_llm(engine_args, async_llm_cls=None):
 
 def shutdown_async_llm(llm) -> None:
     """Shut an ``AsyncLLM`` down (its engine process exits) and stop the event loop it runs on."""
-    llm.shutdown()
     with _LOOPS_LOCK:
         loop = _LOOPS.pop(llm, None)
+    handler = getattr(llm, "output_handler", None)
+    if loop is not None and handler is not None:
+        # AsyncLLM.shutdown stops the engine first and cancels its output handler after: the handler, still
+        # waiting for outputs, meets the dead engine and logs an EngineDeadError traceback into every stage's log
+        async def cancel():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(cancel(), loop).result(timeout=30)
+    llm.shutdown()
+    # once: AsyncLLM.__del__ calls shutdown again when the object is collected at interpreter exit, after vLLM's
+    # module globals are gone (a TypeError traceback in every stage's log)
+    llm.shutdown = lambda *args, **kwargs: None
     if loop is not None:
         loop.call_soon_threadsafe(loop.stop)
 
