@@ -1,6 +1,6 @@
 """hf_packed: decoding's linear layers through oneDNN-packed weights give F.linear's values (float32 rounding) and
-greedy tokens, follow the weights after an optimizer step, leave training (gradients) alone and the model as it
-was."""
+greedy tokens, are kept only in the store their caller owns (a new store after an optimizer step decodes the new
+weights), leave training (gradients) alone and the model as it was."""
 
 import pytest
 import torch
@@ -28,10 +28,11 @@ def test_packed_logits_and_greedy_tokens_equal_f_linear_and_the_model_is_restore
     ids = torch.tensor([tok.encode("What is 6 times 7? Compute it with the tool, please.")])
     with torch.no_grad():
         plain = model(input_ids=ids).logits
-        with packed_linears(model) as n:
+        store = {}
+        with packed_linears(model, store) as n:
             packed = model(input_ids=ids).logits
     assert n == len(_linears(model)) == 7 * 2 + 1          # q, k, v, o, gate, up, down per layer, and the LM head
-    assert all(lin in hf_packed._KEPT for lin in _linears(model))   # the packed path ran
+    assert set(store) == set(_linears(model))              # the packed path ran
     torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)
     assert not any("forward" in lin.__dict__ for lin in _linears(model))
 
@@ -41,11 +42,16 @@ def test_packed_logits_and_greedy_tokens_equal_f_linear_and_the_model_is_restore
     assert [g for g, _ in a] == [g for g, _ in b]
 
 
-def test_an_optimizer_step_is_seen_and_gradients_take_the_modules_own_forward():
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_store_decodes_the_weights_it_packed_and_a_new_one_the_updated_ones(fused):
+    """transformers' default optimizer (fused AdamW) updates weights in place without bumping their version
+    counter, so no check of the weights can tell a store is stale: a store kept across the update still decodes the
+    old weights (why HFEngine keeps one per rollout phase), a new store the new ones. Gradients take F.linear."""
     model, _ = _model()
     ids = torch.tensor([[5, 17, 300, 42, 9, 7]])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    with packed_linears(model):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+    store = {}
+    with packed_linears(model, store):
         with torch.no_grad():
             before = model(input_ids=ids).logits
         loss = model(input_ids=ids).logits.float().logsumexp(-1).mean()   # gradients on: F.linear, autograd
@@ -53,11 +59,15 @@ def test_an_optimizer_step_is_seen_and_gradients_take_the_modules_own_forward():
         assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
         opt.step()                                                       # in-place update of every weight
         with torch.no_grad():
-            after = model(input_ids=ids).logits
+            stale = model(input_ids=ids).logits
+    with torch.no_grad(), packed_linears(model, {}):
+        after = model(input_ids=ids).logits
     with torch.no_grad():
         want = model(input_ids=ids).logits
-    assert (after - before).abs().max() > 1e-2                         # the step moved the outputs ...
-    torch.testing.assert_close(after, want, rtol=1e-4, atol=1e-4)      # ... and the packed weights followed
+    assert (want - before).abs().max() > 1e-2                          # the step moved the outputs ...
+    torch.testing.assert_close(after, want, rtol=1e-4, atol=1e-4)      # ... a new store follows them
+    assert (stale - want).abs().max() > 1e-2                           # ... the kept one does not (its linears
+                                                                       # are the old ones; norms are not packed)
 
 
 def test_float64_is_left_to_f_linear():

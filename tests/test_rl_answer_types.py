@@ -269,3 +269,30 @@ def test_custom_data_example_runs_end_to_end_on_the_tiny_model(tmp_path):
     assert records and all(r["answer_type"] == types[r["question"]] for r in records)
     assert read_jsonl(wd / "results/eval/rl_stage1/math500/per_problem.jsonl")
     assert (wd / "results/report/manifest.json").exists()
+
+
+def test_a_float32_rl_stage_samples_every_step_from_the_updated_policy(tmp_path, monkeypatch):
+    """Three RL steps in float32 with TRL's default optimizer (fused AdamW, which updates the weights in place
+    without bumping their version counter): every step's rollouts come from the policy the trainer holds then,
+    so the sampler/learner log-prob gap stays at float32 rounding on every step, not only the first. A decoding
+    cache kept across the update (the packed linear weights once were) sampled steps 2 and 3 from step 1's policy."""
+    from rstar2.stages import rl
+
+    (tmp_path / "my_reward.py").write_text(USER_REWARD)
+    monkeypatch.chdir(tmp_path)
+    _stopping_tiny_model(tmp_path / "model")
+    rows, _ = curate([MATH_SOURCE], {}, max_abs_answer=10**9, near_dedupe={"enabled": False})
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
+    params = stage_params("rl", "stage1", overrides={"seed": 0, "distributed": {"bf16": False},
+                                                     "rollout": {"precision": "fp32"}, "rl": {
+        "reward": "my_reward:by_length", "group_size": 2, "oversample": 2, "prompts_per_step": 2,
+        "learning_rate": 1e-2, "checkpoint_every": 0, "heldout": {"benchmark": None},
+        "stages": {"stage1": {"max_response_tokens": 24, "max_turns": 1, "steps": 3}}}})
+    rl.run(params, str(tmp_path / "model"), str(tmp_path / "train.jsonl"), str(tmp_path / "rl"))
+    rows = read_jsonl(tmp_path / "rl" / "metrics.jsonl")
+    gaps = [(r["kept_total"], r["train_rollout_logprob_abs_diff"], r["train_rollout_logprob_abs_diff_max"])
+            for r in rows]
+    print("per step (kept, mean gap, max gap):", gaps)
+    later = [top for _, _, top in gaps[1:] if top is not None]   # a step without an update measures no gap
+    assert len(rows) == 3 and gaps[0][0] > 0 and later, gaps     # step 1 updated; a later step was measured
+    assert all(top < 1e-4 for top in [gaps[0][2]] + later), gaps

@@ -248,6 +248,9 @@ class HFEngine(BatchingEngine):
         self.precision, self.kv_reuse = precision, kv_reuse
         self.seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
         self._kv: dict = {}          # trajectory key -> hf_cache.PastKV of its last turn
+        # packed linear weights (hf_packed), valid for this engine's life: one rollout phase, during which the
+        # weights do not change (an RL step builds new engines after its update)
+        self._packs: dict = {}
         self.prefilled_tokens = 0    # context tokens forwarded in prefills (benchmarks)
 
     def release(self, key: str) -> None:
@@ -290,7 +293,7 @@ class HFEngine(BatchingEngine):
                 self.prefilled_tokens += sum(len(ids) for _, ids in {(id(p), tuple(ids)): (p, ids)
                                                                     for p, ids in rows}.values())
                 out = decode_cached(self.model, rows, limits, self.tok.eos_token_id, pad, self.temperature,
-                                    self.top_p, keep=True, streams=streams, logprobs=lps)
+                                    self.top_p, keep=True, streams=streams, logprobs=lps, packs=self._packs)
                 for r, (_, kv) in zip(requests, out):
                     if kv is not None:
                         self._kv[r.key] = kv

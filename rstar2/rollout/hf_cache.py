@@ -128,7 +128,8 @@ def _share_prompt_prefix(model, unique: list[tuple[PastKV | None, list[int]]], p
 def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: list[int], stop_id: int, pad_id: int,
                   temperature: float, top_p: float, keep: bool = True,
                   streams: tuple[int, list[str]] | None = None,
-                  logprobs: list | None = None, pack: bool = True) -> list[tuple[list[int], PastKV | None]]:
+                  logprobs: list | None = None, pack: bool = True,
+                  packs: dict | None = None) -> list[tuple[list[int], PastKV | None]]:
     """Sample a continuation of each row's context, reusing cached KV and prefilling equal contexts once.
 
     Args:
@@ -142,6 +143,8 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
         logprobs: a list to fill with each row's new tokens' log-probabilities, as ``decode_shrinking``'s.
         pack: on a CPU, the linear layers multiply through oneDNN-packed weights (``hf_packed``; False: through
             ``F.linear``, the baseline ``benchmarks/bench_decode.py --ab`` compares with).
+        packs: the packed weights to reuse across calls (``hf_packed.packed_linears``' store), valid only while the
+            model's weights do not change (``HFEngine`` keeps one per rollout phase); None: packed for this call.
     Returns:
         Per row, in input order: (new token ids, ending in ``stop_id`` or exactly ``limits[i]`` long; the row's KV
         over its context and every new token but the last when it stopped on ``stop_id`` and ``keep``, else None).
@@ -158,7 +161,8 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
             index[key] = len(unique)
             unique.append((past, list(new)))
     which = [index[("past", i) if p is not None else ("prompt", tuple(new))] for i, (p, new) in enumerate(rows)]
-    with grouped_query_decoding(model) as switched, packed_linears(model) if pack else contextlib.nullcontext():
+    with grouped_query_decoding(model) as switched, packed_linears(model, packs) if pack else \
+            contextlib.nullcontext():
         unique = _share_prompt_prefix(model, unique, pad_id)
         logits, kv = _prefill(model, unique, pad_id)
         device = logits.device

@@ -9,17 +9,20 @@ AVX2 and 3-4x faster with AVX-512 (60 [B, 576] x [576, 1536] products, float32: 
 30.3 -> 7.7 ms; ``benchmarks/bench_decode.py --ab`` measures the whole decode step). Values agree to float32
 rounding (the products sum in another order), so a greedy token can flip where two logits tie to ~1e-5.
 
-Within ``packed_linears(model)`` every ``nn.Linear`` of a CPU model (the LM head too) computes through its packed
-weight while gradients are off and the input has the weight's dtype; anything else takes the module's own
-forward. A packed weight is kept on its module and made again only when the weight has changed (another tensor,
-or an in-place update: an optimizer step bumps the tensor's version counter), so an RL stage packs once per
-update, not once per decode call. Memory: one packed copy of the linear weights per model while it is kept.
+Within ``packed_linears(model, store)`` every ``nn.Linear`` of a CPU model (the LM head too) computes through its
+packed weight while gradients are off and the input has the weight's dtype; anything else takes the module's own
+forward. Packed weights are kept in ``store``, a dict the caller owns for as long as the weights do not change:
+``HFEngine`` keeps one per rollout phase (an RL step builds new engines after its optimizer step), so a stage packs
+once per step or evaluation, not once per decode call. Nothing here can see an update by itself: transformers'
+default optimizer (``adamw_torch_fused``) writes the weights in place without bumping their version counter, and a
+store kept across an RL update decoded every later step with the first step's policy (the sampler/learner
+log-prob gap of a float32 run went from 1e-6 to 2.3 nats). Memory: one packed copy of the linear weights while the
+store is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import torch
 
@@ -46,37 +49,41 @@ def available(dtype: torch.dtype) -> bool:
 _AVAILABLE: dict = {}
 
 
-def _packed(lin: torch.nn.Linear):
-    """``lin``'s packed weight, made again when the weight is another tensor or was changed in place."""
+def _packed(lin: torch.nn.Linear, store: dict):
+    """``lin``'s packed weight from ``store``, packed on first use (and again if the module holds another weight
+    tensor than the one packed: a cheap guard, not a check of its values)."""
     w = lin.weight
-    key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape))
-    kept = _KEPT.get(lin)
+    key = (w.data_ptr(), w.dtype, tuple(w.shape))
+    kept = store.get(lin)
     if kept is None or kept[0] != key:
         with torch.no_grad():
             kept = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS))
-        _KEPT[lin] = kept
+        store[lin] = kept
     return kept[1]
 
 
-_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # module -> (weight key, packed weight)
-
-
-def _forward(lin: torch.nn.Linear, own):
+def _forward(lin: torch.nn.Linear, own, store: dict):
     linear = torch.ops.mkldnn._linear_pointwise
 
     def forward(x):
         if torch.is_grad_enabled() or x.dtype != lin.weight.dtype or x.device.type != "cpu":
             return own(x)
-        return linear(x, _packed(lin), lin.bias, "none", [], "")
+        return linear(x, _packed(lin, store), lin.bias, "none", [], "")
     return forward
 
 
 @contextlib.contextmanager
-def packed_linears(model):
+def packed_linears(model, store: dict | None = None):
     """Within the block, ``model``'s ``nn.Linear`` layers (exactly that class, on the CPU, in a dtype oneDNN
     packs here: ``available``) multiply through packed weights when gradients are off; outside it they are as
     they were. The block gets the number of layers switched (0: nothing to do, e.g. float64 or no oneDNN).
+
+    Args:
+        store: where the packed weights are kept (module -> packed weight), to reuse them in later blocks; the
+            caller must drop it (or pass a new one) once the weights change (module docstring). None: packed for
+            this block only.
     """
+    store = {} if store is None else store
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
                and available(m.weight.dtype)]
     patched = []
@@ -84,7 +91,7 @@ def packed_linears(model):
         for lin in linears:
             old = lin.__dict__.get("forward")
             patched.append((lin, old))
-            lin.forward = _forward(lin, old or lin.__class__.forward.__get__(lin))
+            lin.forward = _forward(lin, old or lin.__class__.forward.__get__(lin), store)
         yield len(patched)
     finally:
         for lin, old in patched:
