@@ -208,6 +208,29 @@ def test_server_engines_one_per_data_parallel_rank_and_sticky(qwen_tokenizer, fa
     assert server_engines("http://127.0.0.1:9", "policy", [0], 1.0, 1.0)[0].dp_rank is None  # no server: one
 
 
+def test_server_turns_carry_their_own_seed_only_when_reproducible(qwen_tokenizer, fake_server):
+    """``engine: server`` with ``reproducible``: every turn's request carries the seed of its trajectory and context
+    length (vllm_reproducible.turn_seed, as the in-process vLLM engines), so a group's samples get different seeds
+    and a rerun the same ones; unseeded otherwise."""
+    from rstar2.rollout.vllm_reproducible import turn_seed
+
+    tok = qwen_tokenizer
+    problems = [{"id": "p", "problem": "What is 6 times 7?", "answer": "42"}] * 2   # one group of 2
+    for reproducible in (True, False):
+        _FakeVLLM.requests = []
+        cfg = RolloutConfig(max_response_tokens=400, engine="server", server_urls=(fake_server,),
+                            server_model="policy", reproducible=reproducible)
+        trajs = run_rollouts(None, tok, problems, cfg, seed=7)
+        if not reproducible:
+            assert len(_FakeVLLM.requests) == 4 and all("seed" not in r for r in _FakeVLLM.requests)
+            continue
+        # the fake server answers both samples alike: the same two context lengths, told apart by the key alone
+        lengths = {len(r["prompt"]) for r in _FakeVLLM.requests}
+        seeds = [r["seed"] for r in _FakeVLLM.requests]
+        assert len(lengths) == 2 and len(seeds) == 4 and len(set(seeds)) == 4   # 2 samples x 2 turns, each its own
+        assert set(seeds) == {turn_seed(7, t.key, n) for t in trajs for n in lengths}
+
+
 def test_run_rollouts_grades_with_the_given_answer_type(qwen_tokenizer):
     """RL data is integer-answer: a boxed unevaluated expression earns nothing there (it does under "math")."""
     tok = qwen_tokenizer

@@ -246,3 +246,23 @@ def test_one_scheduler_over_the_data_parallel_ranks_keeps_each_trajectory_on_its
           f"prefix-cache hit tokens per rank {hits}")
     assert served == sent
     assert all(hits[e] > 0 for e in sent)  # later turns (and a group's second sample) reuse the rank's prefix
+
+
+def test_seeded_server_turns_repeat_and_a_groups_samples_differ(server):
+    """``reproducible`` on a server: each turn's request carries its own seed (the trajectory key and context
+    length), so a rerun with the same seed gives the same token ids, while a group's two samples and another seed
+    differ."""
+    from rstar2.rollout import RolloutConfig, run_rollouts
+
+    url, _, tok = server
+    cfg = RolloutConfig(max_response_tokens=L, max_turns=3, temperature=1.0, reproducible=True)
+    group = [{"id": "r", "problem": "What is 3 times 7?"}] * 2
+
+    def rollouts(seed):
+        Steered.turns = {}
+        engine = Steered(url, NAME, [tok.eos_token_id], temperature=1.0, top_p=1.0, dp_rank=0)
+        return [t.response_ids for t in run_rollouts(None, tok, group, cfg, engines=[engine], seed=seed)]
+    first, again, other = rollouts(3), rollouts(3), rollouts(4)
+    print("response tokens per sample", [len(r) for r in first])
+    assert first == again
+    assert first[0] != first[1] and first != other

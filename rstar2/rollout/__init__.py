@@ -37,13 +37,14 @@ def default_engines(model, tok, cfg: RolloutConfig, seed: int | None = None) -> 
     settings and environment of ``cfg.vllm`` (vllm_settings.py: prefix caching on; log-probabilities of the processed
     distribution, the one sampled from; with ``cfg.reproducible``
     each turn seeded from ``seed`` and the trajectory, and on a GPU batch-invariant kernels: vllm_reproducible.py);
-    "hf" = HFEngine replicas, sampling from the streams of ``seed`` (None: drawn from torch's global RNG; servers
-    ignore it)."""
+    "hf" = HFEngine replicas, sampling from the streams of ``seed`` (None: drawn from torch's global RNG). Servers
+    and vLLM seed each turn's request from ``seed`` only with ``cfg.reproducible``."""
     stop = [tok.eos_token_id]
     if cfg.engine == "server":
         name = cfg.server_model or model.config._name_or_path
         return [e for url in cfg.server_urls
-                for e in server_engines(url, name, stop, cfg.temperature, cfg.top_p, cfg.kv_cache_tokens)]
+                for e in server_engines(url, name, stop, cfg.temperature, cfg.top_p, cfg.kv_cache_tokens,
+                                        seed=seed if cfg.reproducible else None)]
     if cfg.engine == "vllm":
         path = model.config._name_or_path
         if path not in _VLLM_CACHE:

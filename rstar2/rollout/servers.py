@@ -19,6 +19,7 @@ import asyncio
 import re
 
 from .protocol import Generation, normalise_finish
+from .vllm_reproducible import turn_seed
 
 _CACHE_INFO_RE = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.MULTILINE)
 
@@ -75,14 +76,20 @@ class OpenAIEngine:
         stop_token_ids: ids that end a turn. kv_tokens: override; None = read ``/metrics`` once.
         dp_rank: send every request to this data-parallel engine of the server (``X-data-parallel-rank``);
             None = let the server choose.
+        seed: each turn's request carries its own ``seed`` (``vllm_reproducible.turn_seed`` of the trajectory key
+            and context length, as the in-process vLLM engines; ``reproducible``); None = unseeded, unless
+            ``run_rollouts`` lends the phase's seed (``vllm_reproducible.seed_engines``).
     Raises (from ``generate``):
         RuntimeError: the server answered with an error status or without token ids.
     """
 
+    seeded_turns = True   # run_rollouts may hand it the phase's seed (vllm_reproducible.seed_engines)
+
     def __init__(self, base_url: str, model: str, stop_token_ids: list[int], temperature: float, top_p: float,
                  kv_tokens: int | None = None, dp_rank: int | None = None, timeout_s: float = 600.0,
-                 max_connections: int = 256):
+                 max_connections: int = 256, seed: int | None = None):
         self.base_url, self.model, self.stop = base_url.rstrip("/"), model, list(stop_token_ids)
+        self.seed = seed
         self.temperature, self.top_p, self.kv_tokens, self.dp_rank = temperature, top_p, kv_tokens, dp_rank
         self.timeout_s, self.max_connections = timeout_s, max_connections
         self._client = None
@@ -113,10 +120,14 @@ class OpenAIEngine:
         """The ``/v1/completions`` JSON of one turn of trajectory ``key`` (vllm 0.31.0 ``CompletionRequest``
         fields, vllm/entrypoints/openai/completion/protocol.py); a subclass may add fields (e.g.
         ``structured_outputs``)."""
-        return {"model": self.model, "prompt": context_ids, "max_tokens": max_new_tokens,
+        body = {"model": self.model, "prompt": context_ids, "max_tokens": max_new_tokens,
                 "temperature": self.temperature, "top_p": self.top_p, "stop_token_ids": self.stop,
                 "skip_special_tokens": False, "return_token_ids": True, "n": 1, "logprobs": 0,
                 "return_tokens_as_token_ids": True}  # no detokenised token strings in the log-probs
+        seed = turn_seed(self.seed, key, len(context_ids))
+        if seed is not None:
+            body["seed"] = seed
+        return body
 
     async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         r = await self._http().post("/v1/completions", json=self.request_body(key, context_ids, max_new_tokens))
@@ -140,12 +151,13 @@ class OpenAIEngine:
 
 
 def server_engines(base_url: str, model: str, stop_token_ids: list[int], temperature: float, top_p: float,
-                   kv_tokens: int | None = None) -> list[OpenAIEngine]:
+                   kv_tokens: int | None = None, seed: int | None = None) -> list[OpenAIEngine]:
     """One ``OpenAIEngine`` per data-parallel engine of the server at ``base_url`` (see the module docstring),
-    each with that engine's KV capacity (``kv_tokens`` overrides it). A server whose ``/metrics`` cannot be read,
-    or that has one engine, gives one engine that lets the server choose."""
+    each with that engine's KV capacity (``kv_tokens`` overrides it) and per-turn seeds from ``seed`` (None:
+    unseeded). A server whose ``/metrics`` cannot be read, or that has one engine, gives one engine that lets the
+    server choose."""
     text = read_metrics(base_url)
     per_engine, labels = server_kv_from_metrics(text) if text is not None else (None, [])
     kv = kv_tokens if kv_tokens is not None else per_engine
     ranks = [int(x) for x in labels] if len(labels) > 1 and all(x.isdigit() for x in labels) else [None]
-    return [OpenAIEngine(base_url, model, stop_token_ids, temperature, top_p, kv, dp_rank=r) for r in ranks]
+    return [OpenAIEngine(base_url, model, stop_token_ids, temperature, top_p, kv, dp_rank=r, seed=seed) for r in ranks]

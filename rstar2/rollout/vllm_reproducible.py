@@ -34,7 +34,8 @@ def turn_seed(seed: int | None, key: str, n_context: int) -> int | None:
 
 @contextlib.contextmanager
 def seed_engines(engines: list, seed: int | None):
-    """Within the block, each vLLM engine (``vllm_engines._Sampling``) without a seed of its own seeds its turns from
+    """Within the block, each vLLM engine (``vllm_engines._Sampling``, ``servers.OpenAIEngine``) without a seed of
+    its own seeds its turns from
     ``seed`` (``run_rollouts`` with ``reproducible``: RL's engines are built by the trainer, the step's seed comes from
     ``RolloutFunc``); afterwards it is unseeded again. Other engines are left as they are (the hf engine takes its
     seed when it is built)."""
