@@ -66,7 +66,9 @@ def test_equal_prompts_are_prefilled_once():
     model.forward = lambda *a, **kw: (sizes.append(tuple(kw["input_ids"].shape)), forward(*a, **kw))[1]
     p, q = tok.encode("a b c d"), tok.encode("e f")
     decode_cached(model, [(None, p)] * 4 + [(None, q)] * 4, [3] * 8, -1, 0, 0.0, 1.0)
-    assert sizes[0] == (2, len(p)) and sizes[1] == (8, 1)   # 2 unique prompts prefilled, then 8 rows decode
+    first_decode = sizes.index((8, 1))                      # then 8 rows decode
+    # the 2 unique prompts prefilled (in chunks of similar length: 4 and 2 tokens are not padded to one width)
+    assert sorted(sizes[:first_decode]) == [(1, len(q)), (1, len(p))]
 
 
 def test_sampled_rows_of_one_prompt_differ_and_limits_hold():
@@ -222,3 +224,29 @@ def test_prefix_attention_equals_attention_over_the_concatenated_keys(dtype):
                                           scale=0.25).transpose(1, 2)
     tol = 1e-12 if dtype == torch.float64 else 2e-2
     torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+
+
+def test_prefill_in_chunks_of_similar_length_equals_one_padded_prefill():
+    """Rows whose new parts differ in length (a tool error against a number) are prefilled in chunks of similar
+    length, padding at most PAD_WASTE more tokens than they hold; logits and each row's KV equal one padded prefill."""
+    from rstar2.rollout import hf_cache
+
+    model, tok = _model()
+    g = torch.Generator().manual_seed(3)
+    past = hf_cache._prefill(model, [(None, torch.randint(5, 400, (9,), generator=g).tolist())], 0)[1][0]
+    lengths = [3, 40, 4, 38, 3, 12]
+    rows = [(PastKV(list(range(9)), past) if i % 2 else None, torch.randint(5, 400, (n,), generator=g).tolist())
+            for i, n in enumerate(lengths)]
+    widths = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: (widths.append(tuple(kw["input_ids"].shape)), forward(*a, **kw))[1]
+    logits, kv = hf_cache._prefill_chunked(model, rows, 0)
+    # sorted 3, 3, 4, 12, 38, 40: a third row would pad [3, 3, 4] to 12 tokens for 10 (over 1.125x)
+    assert sorted(widths) == [(1, 4), (1, 12), (2, 3), (2, 40)]
+    model.forward = forward
+    ref_logits, ref_kv = hf_cache._prefill(model, rows, 0)
+    torch.testing.assert_close(logits, ref_logits)
+    for got, ref in zip(kv, ref_kv):
+        for (k, v), (rk, rv) in zip(got, ref):
+            torch.testing.assert_close(k, rk)
+            torch.testing.assert_close(v, rv)

@@ -108,3 +108,36 @@ def test_short_or_labelled_prefixes_and_other_calls_take_the_whole_row_path():
     assert [c[1] for c in calls] == [short.shape[1], ids.shape[1], ids.shape[1]]   # whole rows every time
     with pytest.raises(ValueError, match="fused LM head"):
         shared_prefix.install(tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4, seed=1)[0])
+
+
+def test_the_fused_head_scores_only_labelled_positions_on_the_cpu_with_the_same_values(monkeypatch):
+    """``score_only_labelled_positions``: TRL's fused LM head projects the labelled positions only (its compact
+    path) instead of every position, with the same log-probabilities, entropies and gradients."""
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils
+
+    monkeypatch.setattr(utils, "_use_triton", chunked_logprob._use_triton)   # TRL as shipped
+    model, _ = tiny_qwen3(hidden_size=32, num_layers=2, num_heads=4, seed=7)
+    model = model.double()
+    add_fused_lm_head(model, temperature=0.8, outputs=("log_probs", "entropy", "is_top1"))
+    ids, mask, labels = _sft_batch(40)
+    scored = []
+    apply = utils._ChunkedLogProbFunction.apply
+    monkeypatch.setattr(utils._ChunkedLogProbFunction, "apply",
+                        lambda hidden, *a: (scored.append(hidden.shape[0]), apply(hidden, *a))[1])
+
+    def run():
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        (out.log_probs.sum() + 0.1 * out.entropy.sum()).backward()
+        return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ref, ref_g = run()
+    shared_prefix.score_only_labelled_positions()
+    got, got_g = run()
+    labelled = int((labels[:, 1:] != -100).sum())
+    assert scored == [ids.shape[0] * (ids.shape[1] - 1), labelled] and labelled < scored[0] // 4
+    for f in FIELDS:
+        torch.testing.assert_close(getattr(got, f), getattr(ref, f), rtol=1e-12, atol=1e-12, msg=f)
+    for n in ref_g:
+        torch.testing.assert_close(got_g[n], ref_g[n], rtol=1e-10, atol=1e-12, msg=n)
