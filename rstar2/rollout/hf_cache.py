@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .hf_decode import PreallocatedCache, draw_uniforms, grouped_query_decoding, sample_next, shared_prefix_kv
+from .hf_lean import LeanDecoder
 from .hf_packed import packed_linears
 
 
@@ -159,7 +160,7 @@ def _share_prompt_prefix(model, unique: list[tuple[PastKV | None, list[int]]], p
 def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: list[int], stop_id: int, pad_id: int,
                   temperature: float, top_p: float, keep: bool = True,
                   streams: tuple[int, list[str]] | None = None,
-                  logprobs: list | None = None, pack: bool = True,
+                  logprobs: list | None = None, pack: bool = True, lean: bool = True,
                   packs: dict | None = None) -> list[tuple[list[int], PastKV | None]]:
     """Sample a continuation of each row's context, reusing cached KV and prefilling equal contexts once.
 
@@ -172,8 +173,11 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
         streams: per-row random streams, as ``hf_decode.decode_shrinking`` (the token position is the row's
             context length plus the tokens generated so far, so a cached and a re-prefilled row draw alike).
         logprobs: a list to fill with each row's new tokens' log-probabilities, as ``decode_shrinking``'s.
-        pack: on a CPU, the linear layers multiply through oneDNN-packed weights (``hf_packed``; False: through
-            ``F.linear``, the baseline ``benchmarks/bench_decode.py --ab`` compares with).
+        pack: on a CPU, the linear layers multiply through oneDNN-packed weights (``hf_packed``) and a supported
+            float32 model decodes through ``hf_lean.LeanDecoder`` (fused projections); False: the model's own
+            forward through ``F.linear``, the baseline ``benchmarks/bench_decode.py --ab`` compares with.
+        lean: with ``pack``, decode through ``hf_lean`` where the model is supported (False: the model's forward
+            through packed linear layers; a benchmark arm).
         packs: the packed weights to reuse across calls (``hf_packed.packed_linears``' store), valid only while the
             model's weights do not change (``HFEngine`` keeps one per rollout phase); None: packed for this call.
     Returns:
@@ -205,9 +209,10 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
         mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
         for i, c in enumerate(context):
             mask[i, width - len(c) + s:] = 1
+        lean = LeanDecoder.for_model(model, packs) if pack and lean and switched else None
         with shared_prefix_kv(prefix) if prefix else contextlib.nullcontext():
             return _decode(model, cache, mask, logits[torch.tensor(which, device=device)], context, limits, stop_id,
-                           temperature, top_p, keep, streams, prefix, logprobs)
+                           temperature, top_p, keep, streams, prefix, logprobs, lean)
 
 
 MIN_DECODE_PREFIX = 64   # tokens; a shorter common prefix is decoded as part of each row
@@ -224,9 +229,11 @@ def _common_prefix(context: list[list[int]]) -> int:
     return s if s >= MIN_DECODE_PREFIX else 0
 
 
-def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, top_p, keep, streams, prefix, lps):
+def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, top_p, keep, streams, prefix, lps,
+            lean=None):
     """The sampling loop; ``cache``/``mask`` cover each row's context after its first s tokens, whose KV is
-    ``prefix`` (per layer [H_kv, s, D], shared by every row; None: s = 0), so positions are offset by s."""
+    ``prefix`` (per layer [H_kv, s, D], shared by every row; None: s = 0), so positions are offset by s. ``lean``:
+    the ``hf_lean.LeanDecoder`` that runs each step instead of the model's forward (None: the forward)."""
     s = prefix[0][0].shape[-2] if prefix else 0
     device = mask.device
     n_rows = len(context)
@@ -264,6 +271,9 @@ def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, t
             mask, nxt = mask[idx], nxt[idx]
             rows = [rows[j] for j in live]
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+        if lean is not None:
+            logits = lean.step(nxt, mask.sum(-1) - 1 + s, cache, mask, prefix)
+            continue
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1 + s,
                     past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1, :]
