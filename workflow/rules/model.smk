@@ -13,7 +13,9 @@ rule base_model:
         "logs/base_model.log",
     benchmark:
         "logs/benchmarks/base_model.tsv"
-    threads: 2
+    # one core: converting the GGUF tokenizer and weights is single-threaded Python (16 s of CPU in 38 s on a
+    # 2-core Zen 3); rl_candidates runs beside it
+    threads: 1
     resources:
         **job_resources("default"),
     shell:
