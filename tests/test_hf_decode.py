@@ -140,3 +140,46 @@ def test_grouped_query_prefill_equals_sdpa_with_repeated_heads():
         got, _ = gqa_decode_attention(attn, q, k, v, m, scaling=0.35)
         want, _ = sdpa_attention_forward(attn, q, k, v, m, scaling=0.35)
         torch.testing.assert_close(got[:, 2:] if m is not None else got, want[:, 2:] if m is not None else want)
+
+
+def test_rows_sample_at_their_own_temperature_as_they_would_alone():
+    """``sample_rows``: a batch of greedy and sampled rows gives each row the token (and log-prob) it gets sampled
+    alone at its own temperature, from its own uniform number."""
+    from rstar2.rollout.sampling import sample_next, sample_rows
+
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(5, 300, generator=g) * 3
+    u = torch.rand(5, dtype=torch.float64, generator=g)
+    temps = [0.0, 0.7, 0.0, 1.3, 0.7]              # per input index; batch rows are input rows 4, 0, 1, 2, 3
+    rows = [4, 0, 1, 2, 3]
+    tokens, lps = sample_rows(logits, temps, 0.9, u, True, rows)
+    for j, i in enumerate(rows):
+        alone, lp = sample_next(logits[j:j + 1], temps[i], 0.9, u[j:j + 1], with_logprobs=True)
+        assert int(tokens[j]) == int(alone) and abs(float(lps[j]) - float(lp)) < 1e-6
+    assert [int(t) for t in tokens[[1, 3]]] == [int(x) for x in logits[[1, 3]].argmax(-1)]   # the greedy rows
+    assert torch.equal(sample_rows(logits, 0.7, 0.9, u), sample_next(logits, 0.7, 0.9, u))   # one temperature
+
+
+def test_greedy_single_turn_trajectories_share_a_batch_with_sampled_ones(qwen_tokenizer, monkeypatch):
+    """Problems with their own ``sampling`` (IFEval's greedy single turn) decode in the same engine batch as
+    sampled ones: their tokens equal a greedy run of their own, and they stop after one turn."""
+    from rstar2.rollout import RolloutConfig, hf_cache, run_rollouts
+
+    temps = []
+    decode = hf_cache.decode_cached
+    monkeypatch.setattr(hf_cache, "decode_cached", lambda *a, **k: (temps.append(a[5]), decode(*a, **k))[1])
+
+    model, tok = tiny_qwen3(hidden_size=32, num_layers=1, num_heads=4, seed=2)
+    model = model.float().eval()
+    cfg = RolloutConfig(max_response_tokens=16, max_turns=2, temperature=1.0, precision="fp32")
+    greedy = {"temperature": 0.0, "max_turns": 1}
+    mixed = [{"id": "g", "problem": "Say hi.", "sampling": greedy}, {"id": "s", "problem": "Say hi."},
+             {"id": "g2", "problem": "Count to three.", "sampling": greedy}]
+    got = run_rollouts(model, tok, mixed, cfg, tools=object(), seed=3)
+    alone = run_rollouts(model, tok, [mixed[0], mixed[2]], RolloutConfig(max_response_tokens=16, max_turns=1,
+                                                                         temperature=0.0, precision="fp32"),
+                         tools=object(), seed=9)
+    assert [t.response_ids for t in (got[0], got[2])] == [t.response_ids for t in alone]
+    assert got[0].record()["temperature"] == 0.0 and "temperature" not in got[1].record()
+    assert got[1].response_ids != got[0].response_ids          # the sampled one is a random model's own
+    assert sorted(temps[0]) == [0.0, 0.0, 1.0]                  # the first turn: one batch, a temperature per row

@@ -20,7 +20,8 @@ class Generation:
 class Engine(Protocol):
     """What the scheduler and the agent loop need from an inference engine (engines.py says what each method means)."""
 
-    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation: ...
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int,
+                       temperature: float | None = None) -> Generation: ...
 
     def release(self, key: str) -> None: ...
 
@@ -28,10 +29,12 @@ class Engine(Protocol):
 
 
 class TurnRequest(NamedTuple):
-    """One turn to generate: the trajectory's key, its whole context (prompt + response so far), the budget."""
+    """One turn to generate: the trajectory's key, its whole context (prompt + response so far), the budget, and
+    its own sampling temperature (None: the engine's)."""
     key: str
     context_ids: list[int]
     max_new_tokens: int
+    temperature: float | None = None
 
 
 def normalise_finish(ids: list[int], finish: str | None, stop: list[int], max_new: int) -> Generation:
