@@ -279,23 +279,3 @@ def test_hf_engine_reports_its_kv_budget_and_admission_holds_trajectories_back_w
     assert sched.admissions[0] == (0, fits) and sum(k for _, k in sched.admissions) == len(trajs)
     assert len(sched.admissions) > 1 and sched.peak_reserved[0] <= capacity
     assert all(t.finish_reason for t in trajs)
-
-
-def test_a_trajectorys_own_temperature_reaches_the_server_and_vllm(qwen_tokenizer, fake_server):
-    """``sampling.temperature`` of a problem (evaluation's greedy IFEval/BFCL turns) is sent with that trajectory's
-    requests only; the in-process vLLM engines put it in that turn's SamplingParams."""
-    from rstar2.rollout.vllm_engines import _Sampling
-
-    tok = qwen_tokenizer
-    eng = OpenAIEngine(fake_server, "policy", [tok.eos_token_id], temperature=0.6, top_p=1.0)
-    problems = [{"id": "g", "problem": "q", "answer": "42", "sampling": {"temperature": 0.0, "max_turns": 1}},
-                {"id": "s", "problem": "q", "answer": "42"}]
-    greedy, sampled = run_rollouts(None, tok, problems, RolloutConfig(max_response_tokens=400), engines=[eng])
-    assert sorted(r["temperature"] for r in _FakeVLLM.requests) == [0.0, 0.6, 0.6]   # greedy: one turn only
-    assert len(greedy.turns) == 1 and greedy.finish_reason == "max_turns" and len(sampled.turns) == 2
-
-    class Params(dict):
-        def __init__(self, **kw):
-            super().__init__(kw)
-    s = _Sampling([0], 0.6, 1.0, classes=(Params, "final"))
-    assert s.params(8)["temperature"] == 0.6 and s.params(8, None, 0.0)["temperature"] == 0.0

@@ -118,8 +118,8 @@ class Steered(servers.OpenAIEngine):
 
     turns: dict = {}  # key -> [[context, Generation, dp_rank]], shared by every instance of a test
 
-    def request_body(self, key, context_ids, max_new_tokens, **kw):
-        body = super().request_body(key, context_ids, max_new_tokens, **kw)
+    def request_body(self, key, context_ids, max_new_tokens):
+        body = super().request_body(key, context_ids, max_new_tokens)
         if len(self.turns[key]) == 1:
             body["structured_outputs"] = {"regex": literal_regex(FIRST)}
         return body

@@ -152,8 +152,6 @@ class Trajectory:
     reward: float = 0.0
     grading_status: str | None = None                 # the grading pool's ok | timeout | error (None: not graded)
     grading_error: str | None = None                  # what the reward raised or found wrong (e.g. a bad gold)
-    temperature: float | None = None                  # this trajectory's own sampling temperature (None: cfg's)
-    max_turns: int | None = None                      # its own turn limit (None: cfg's)
 
     @property
     def done(self) -> bool:
@@ -191,9 +189,6 @@ class Trajectory:
             d.pop("grading_status")
         if d["grading_error"] is None:
             d.pop("grading_error")
-        for name in ("temperature", "max_turns"):   # recorded only where the trajectory had its own
-            if d[name] is None:
-                d.pop(name)
         d.update(truncated=self.truncated, num_turns=len(self.turns), response_tokens=len(self.response_ids),
                  generated_tokens=self.num_generated_tokens)
         return d
@@ -287,16 +282,12 @@ class AgentLoop:
         with ``prompt``, a complete prompt text, when given (IFEval and BFCL bring their own; rstar2.data), and a key
         no other trajectory of this loop has: ``<problem id>#<n>`` for the n-th sample of that problem (``key``
         instead of the id when the problem has one, e.g. ``<benchmark>/<id>`` where several benchmarks share a
-        call), which also names its sampling stream, so its tokens do not depend on the other problems of the call.
-        ``sampling``: ``{"temperature", "max_turns"}`` of this trajectory where they differ from the loop's (greedy
-        single-turn IFEval/BFCL problems in the batch of sampled math ones)."""
+        call), which also names its sampling stream, so its tokens do not depend on the other problems of the call."""
         prompt = problem.get("prompt") or chat.prompt_text(problem["problem"],
                                                            [chat.python_tool_schema(self.cfg.tool.name)])
-        own = problem.get("sampling") or {}   # {"temperature", "max_turns"}: e.g. IFEval's greedy single turn
         return Trajectory(problem_id=str(problem["id"]), question=problem["problem"], gold=problem.get("answer"),
                           prompt_ids=self.tok.encode(prompt, add_special_tokens=False),
-                          key=self._next(str(problem.get("key", problem["id"]))), response_logprobs=[],
-                          temperature=own.get("temperature"), max_turns=own.get("max_turns"))
+                          key=self._next(str(problem.get("key", problem["id"]))), response_logprobs=[])
 
     def _next(self, base: str) -> str:
         n = self._made[base]
@@ -306,8 +297,7 @@ class AgentLoop:
     async def generate_turn(self, t: Trajectory, engine) -> list[chat.ToolCall]:
         """Generate one assistant turn; returns the calls to run (empty when the trajectory finished)."""
         budget = self.cfg.max_response_tokens - len(t.response_ids)
-        own = {} if t.temperature is None else {"temperature": t.temperature}   # engines without it never see it
-        out = await engine.generate(t.key, t.prompt_ids + t.response_ids, budget, **own)
+        out = await engine.generate(t.key, t.prompt_ids + t.response_ids, budget)
         ids = out.token_ids[:budget]
         t.response_ids += ids
         t.response_mask += [1] * len(ids)
@@ -322,7 +312,7 @@ class AgentLoop:
         calls = chat.parse_tool_calls(text, self.cfg.tool.name)
         if not calls:
             t.finish_reason = "answer"
-        elif len(t.turns) >= (t.max_turns or self.cfg.max_turns):
+        elif len(t.turns) >= self.cfg.max_turns:
             t.finish_reason = "max_turns"
         else:
             t.turns[-1]["dropped_calls"] = max(0, len(calls) - self.cfg.max_calls_per_turn)

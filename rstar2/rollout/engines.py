@@ -2,9 +2,7 @@
 
 An engine turns a token-id context into the next assistant turn (the ``Engine`` protocol, protocol.py):
 
-- ``await engine.generate(key, context_ids, max_new_tokens[, temperature]) -> Generation(token_ids, finish_reason,
-  logprobs)``: ``temperature`` overrides the engine's own for this turn (greedy IFEval/BFCL turns beside sampled
-  math turns in one evaluation batch);
+- ``await engine.generate(key, context_ids, max_new_tokens) -> Generation(token_ids, finish_reason, logprobs)``:
   ``key`` names the trajectory (stable over all its turns, unique among live trajectories), so an engine may
   keep per-trajectory state between turns (its KV cache, a server it is pinned to); ``finish_reason`` is
   "stop" (the turn ended with the EOS/stop token, which is included in ``token_ids``) or "length" (cut by
@@ -99,8 +97,7 @@ class BatchingEngine:
         if self._wake is not None:
             self._wake.set()
 
-    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int,
-                       temperature: float | None = None) -> Generation:
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         loop = asyncio.get_running_loop()
@@ -108,7 +105,7 @@ class BatchingEngine:
             self._wake = asyncio.Event()
             self._worker = loop.create_task(self._work())
         fut = loop.create_future()
-        self._queue.append((TurnRequest(key, context_ids, max_new_tokens, temperature), fut))
+        self._queue.append((TurnRequest(key, context_ids, max_new_tokens), fut))
         self._wake.set()
         return await fut
 
@@ -286,8 +283,6 @@ class HFEngine(BatchingEngine):
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
         device = getattr(self.model, "device", torch.device("cpu"))
         limits, streams = [r.max_new_tokens for r in requests], (self.seed, [r.key for r in requests])
-        temps = [self.temperature if r.temperature is None else r.temperature for r in requests]
-        temperature = temps[0] if len(set(temps)) == 1 else temps
         bf16 = precision_lib.rollout(self.precision, device.type).bf16
         lps: list | None = [] if isinstance(self.model, PreTrainedModel) else None
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -297,7 +292,7 @@ class HFEngine(BatchingEngine):
                 rows = self._rows(requests)
                 self.prefilled_tokens += sum(len(ids) for _, ids in {(id(p), tuple(ids)): (p, ids)
                                                                     for p, ids in rows}.values())
-                out = decode_cached(self.model, rows, limits, self.tok.eos_token_id, pad, temperature,
+                out = decode_cached(self.model, rows, limits, self.tok.eos_token_id, pad, self.temperature,
                                     self.top_p, keep=True, streams=streams, logprobs=lps, packs=self._packs)
                 for r, (_, kv) in zip(requests, out):
                     if kv is not None:
@@ -306,7 +301,7 @@ class HFEngine(BatchingEngine):
             else:
                 self.prefilled_tokens += sum(len(r.context_ids) for r in requests)
                 new = decode_shrinking(self.model, [r.context_ids for r in requests], limits,
-                                       self.tok.eos_token_id, pad, temperature, self.top_p, streams=streams,
+                                       self.tok.eos_token_id, pad, self.temperature, self.top_p, streams=streams,
                                        logprobs=lps)
         gens = [cut_at_stop(row, {self.tok.eos_token_id}, r.max_new_tokens, pad) for row, r in zip(new, requests)]
         for i, g in enumerate(gens if lps else []):  # decoding stops at the stop token: nothing to trim but the limit

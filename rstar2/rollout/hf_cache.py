@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .hf_decode import PreallocatedCache, draw_uniforms, grouped_query_decoding, sample_rows, shared_prefix_kv
+from .hf_decode import PreallocatedCache, draw_uniforms, grouped_query_decoding, sample_next, shared_prefix_kv
 from .hf_lean import LeanDecoder
 from .hf_packed import packed_linears
 
@@ -158,7 +158,7 @@ def _share_prompt_prefix(model, unique: list[tuple[PastKV | None, list[int]]], p
 
 @torch.no_grad()
 def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: list[int], stop_id: int, pad_id: int,
-                  temperature: float | list[float], top_p: float, keep: bool = True,
+                  temperature: float, top_p: float, keep: bool = True,
                   streams: tuple[int, list[str]] | None = None,
                   logprobs: list | None = None, pack: bool = True, lean: bool = True,
                   packs: dict | None = None) -> list[tuple[list[int], PastKV | None]]:
@@ -168,8 +168,7 @@ def decode_cached(model, rows: list[tuple[PastKV | None, list[int]]], limits: li
         model: a ``transformers`` causal LM (called with ``past_key_values``, ``position_ids``, ``logits_to_keep``).
         rows: per row ``(past, new_ids)``: ``past`` holds the KV of the context's first tokens (None: none), and
             ``new_ids`` the rest of the context (at least one token).
-        limits: the most new tokens per row (each >= 1). stop_id, pad_id, top_p: as ``decode_shrinking``.
-        temperature: one for every row, or a list with one per row (``sampling.sample_rows``).
+        limits: the most new tokens per row (each >= 1). stop_id, pad_id, temperature, top_p: as ``decode_shrinking``.
         keep: return each stopped row's KV for its next turn (False: return None for every row).
         streams: per-row random streams, as ``hf_decode.decode_shrinking`` (the token position is the row's
             context length plus the tokens generated so far, so a cached and a re-prefilled row draw alike).
@@ -245,8 +244,8 @@ def _decode(model, cache, mask, logits, context, limits, stop_id, temperature, t
         lps[:] = [[] for _ in range(n_rows)]
     while True:
         u = draw_uniforms(streams, rows, [len(c) + len(g) for c, g in zip(context, new)])
-        nxt, lp = sample_rows(logits, temperature, top_p, u, True, rows) if lps is not None else \
-            (sample_rows(logits, temperature, top_p, u, False, rows), None)
+        nxt, lp = sample_next(logits, temperature, top_p, u, with_logprobs=True) if lps is not None else \
+            (sample_next(logits, temperature, top_p, u), None)
         lp = lp.tolist() if lp is not None else None
         for j, tok in enumerate(nxt.tolist()):
             i = rows[j]

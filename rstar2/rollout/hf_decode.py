@@ -31,7 +31,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from .sampling import draw_uniforms, row_uniforms, sample_next, sample_rows  # noqa: F401 (re-exported)
+from .sampling import draw_uniforms, row_uniforms, sample_next  # noqa: F401 (re-exported)
 
 GQA_DECODE = "rstar2_gqa_decode"
 
@@ -190,7 +190,7 @@ class PreallocatedCache(Cache):
 
 @torch.no_grad()
 def decode_shrinking(model, prompts: list[list[int]], limits: list[int], stop_id: int, pad_id: int,
-                     temperature: float | list[float], top_p: float, streams: tuple[int, list[str]] | None = None,
+                     temperature: float, top_p: float, streams: tuple[int, list[str]] | None = None,
                      logprobs: list | None = None) -> list[list[int]]:
     """Sample a continuation for each prompt; each row leaves the batch when it is done.
 
@@ -200,7 +200,7 @@ def decode_shrinking(model, prompts: list[list[int]], limits: list[int], stop_id
         limits: the most new tokens per row (each >= 1).
         stop_id: the token that ends a row (kept as its last token).
         pad_id: the id written into padding positions (never attended to).
-        temperature, top_p: see ``sample_next``; ``temperature`` may be a list, one per row (``sample_rows``).
+        temperature, top_p: see ``sample_next``.
         streams: ``(seed, [stream name per row])``: row i samples token t of its sequence with
             ``row_uniforms(seed, name_i, [t])``, independent of the batch; None: the global torch RNG.
         logprobs: a list to fill with one list per row (input order): the new tokens' log-probabilities
@@ -229,8 +229,8 @@ def _decode(model, ids, mask, cache, lengths, limits, stop_id, temperature, top_
         lps[:] = [[] for _ in range(n_rows)]
     while True:
         u = draw_uniforms(streams, rows, [n + len(g) for n, g in zip(lengths, new)])
-        nxt, lp = sample_rows(out.logits[:, -1, :], temperature, top_p, u, True, rows) if lps is not None else \
-            (sample_rows(out.logits[:, -1, :], temperature, top_p, u, False, rows), None)
+        nxt, lp = sample_next(out.logits[:, -1, :], temperature, top_p, u, with_logprobs=True) if lps is not None else \
+            (sample_next(out.logits[:, -1, :], temperature, top_p, u), None)
         lp = lp.tolist() if lp is not None else None
         for j, tok in enumerate(nxt.tolist()):
             i = rows[j]

@@ -20,8 +20,7 @@ class Generation:
 class Engine(Protocol):
     """What the scheduler and the agent loop need from an inference engine (engines.py says what each method means)."""
 
-    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int,
-                       temperature: float | None = None) -> Generation: ...
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation: ...
 
     def release(self, key: str) -> None: ...
 
@@ -29,12 +28,10 @@ class Engine(Protocol):
 
 
 class TurnRequest(NamedTuple):
-    """One turn to generate: the trajectory's key, its whole context (prompt + response so far), the budget, and
-    its own sampling temperature (None: the engine's)."""
+    """One turn to generate: the trajectory's key, its whole context (prompt + response so far), the budget."""
     key: str
     context_ids: list[int]
     max_new_tokens: int
-    temperature: float | None = None
 
 
 def normalise_finish(ids: list[int], finish: str | None, stop: list[int], max_new: int) -> Generation:

@@ -52,29 +52,6 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, uniforms
     return tokens, (probs.gather(-1, tokens[:, None]).squeeze(-1) / probs.sum(-1)).log()
 
 
-def sample_rows(logits: torch.Tensor, temperature, top_p: float, uniforms: torch.Tensor | None = None,
-                with_logprobs: bool = False, rows: list[int | None] | None = None):
-    """``sample_next`` where ``temperature`` may differ per row: a float (all rows), or a list per input index, with
-    ``rows`` the input index of each batch row (None: a finished row, sampled at the first temperature). Rows of one
-    temperature are sampled together; returns what ``sample_next`` returns, in batch order. Why: one decode batch
-    can hold greedy turns (IFEval and BFCL, temperature 0) beside sampled ones (the math benchmarks)."""
-    if not isinstance(temperature, (list, tuple)):
-        return sample_next(logits, temperature, top_p, uniforms, with_logprobs)
-    temps = [temperature[i if i is not None else 0] for i in (rows if rows is not None else range(len(logits)))]
-    if len(set(temps)) == 1:
-        return sample_next(logits, temps[0], top_p, uniforms, with_logprobs)
-    tokens = torch.empty(len(temps), dtype=torch.long, device=logits.device)
-    lps = torch.empty(len(temps), dtype=torch.float32, device=logits.device)
-    for t in sorted(set(temps)):
-        idx = torch.tensor([j for j, x in enumerate(temps) if x == t], device=logits.device)
-        out = sample_next(logits[idx], t, top_p, uniforms[idx.cpu()] if uniforms is not None else None, with_logprobs)
-        if with_logprobs:
-            tokens[idx], lps[idx] = out[0], out[1].float()
-        else:
-            tokens[idx] = out
-    return (tokens, lps) if with_logprobs else tokens
-
-
 def row_uniforms(seed: int, stream: str, positions: list[int]) -> list[float]:
     """Uniform numbers in [0, 1) for token ``positions`` of one stream (a trajectory), from a counter-based
     generator (SplitMix64 over seed, a stable hash of ``stream`` and the position): the same arguments always give

@@ -116,14 +116,12 @@ class OpenAIEngine:
     def release(self, key: str) -> None:
         """Nothing to drop: the server's prefix cache evicts a finished trajectory's blocks by itself."""
 
-    def request_body(self, key: str, context_ids: list[int], max_new_tokens: int,
-                     temperature: float | None = None) -> dict:
+    def request_body(self, key: str, context_ids: list[int], max_new_tokens: int) -> dict:
         """The ``/v1/completions`` JSON of one turn of trajectory ``key`` (vllm 0.31.0 ``CompletionRequest``
         fields, vllm/entrypoints/openai/completion/protocol.py); a subclass may add fields (e.g.
         ``structured_outputs``)."""
         body = {"model": self.model, "prompt": context_ids, "max_tokens": max_new_tokens,
-                "temperature": self.temperature if temperature is None else temperature, "top_p": self.top_p,
-                "stop_token_ids": self.stop,
+                "temperature": self.temperature, "top_p": self.top_p, "stop_token_ids": self.stop,
                 "skip_special_tokens": False, "return_token_ids": True, "n": 1, "logprobs": 0,
                 "return_tokens_as_token_ids": True}  # no detokenised token strings in the log-probs
         seed = turn_seed(self.seed, key, len(context_ids))
@@ -131,11 +129,8 @@ class OpenAIEngine:
             body["seed"] = seed
         return body
 
-    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int,
-                       temperature: float | None = None) -> Generation:
-        body = self.request_body(key, context_ids, max_new_tokens, **({} if temperature is None else
-                                                                       {"temperature": temperature}))
-        r = await self._http().post("/v1/completions", json=body)
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
+        r = await self._http().post("/v1/completions", json=self.request_body(key, context_ids, max_new_tokens))
         if r.status_code != 200:
             raise RuntimeError(f"{self.base_url}/v1/completions: HTTP {r.status_code}: {r.text[:300]}")
         choice = r.json()["choices"][0]

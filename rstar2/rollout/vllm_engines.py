@@ -131,9 +131,8 @@ class _Sampling:
         self.stop, self.temperature, self.top_p, self.seed = list(stop_token_ids), temperature, top_p, seed
         self.sp_cls, self.final_only = classes if classes is not None else vllm_classes()
 
-    def params(self, max_new_tokens: int, seed: int | None = None, temperature: float | None = None):
-        temperature = self.temperature if temperature is None else temperature
-        return self.sp_cls(max_tokens=max_new_tokens, temperature=temperature, top_p=self.top_p,
+    def params(self, max_new_tokens: int, seed: int | None = None):
+        return self.sp_cls(max_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                            stop_token_ids=self.stop, skip_special_tokens=False, detokenize=False, logprobs=0,
                            output_kind=self.final_only, seed=seed)
 
@@ -173,18 +172,17 @@ class AsyncVLLMEngine(_Sampling):
                 _LOOPS[self.llm] = _new_loop()
             return _LOOPS[self.llm]
 
-    async def _turn(self, key: str, context_ids: list[int], max_new_tokens: int, temperature=None) -> Generation:
+    async def _turn(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         final = None
-        params = self.params(max_new_tokens, turn_seed(self.seed, key, len(context_ids)), temperature)
+        params = self.params(max_new_tokens, turn_seed(self.seed, key, len(context_ids)))
         async for out in self.llm.generate({"prompt_token_ids": context_ids}, params, f"{key}/{next(_REQUESTS)}"):
             final = out  # FINAL_ONLY: one output, when the turn is finished
         return to_generation(final, self.stop, max_new_tokens)
 
-    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int,
-                       temperature: float | None = None) -> Generation:
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        fut = self.submit(self._turn(key, context_ids, max_new_tokens, temperature))
+        fut = self.submit(self._turn(key, context_ids, max_new_tokens))
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
@@ -234,8 +232,7 @@ class StepVLLMEngine(_Sampling):
     def release(self, key: str) -> None:
         """Nothing to drop: vLLM's prefix cache evicts a finished trajectory's blocks when it needs them."""
 
-    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int,
-                       temperature: float | None = None) -> Generation:
+    async def generate(self, key: str, context_ids: list[int], max_new_tokens: int) -> Generation:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         loop = asyncio.get_running_loop()
@@ -247,7 +244,7 @@ class StepVLLMEngine(_Sampling):
                 self._thread.start()
             self._waiters[rid] = (loop, fut, max_new_tokens)
             seed = turn_seed(self.seed, key, len(context_ids))
-            self._inbox.append(("add", rid, context_ids, self.params(max_new_tokens, seed, temperature)))
+            self._inbox.append(("add", rid, context_ids, self.params(max_new_tokens, seed)))
             self._cv.notify()
         try:
             return await fut

@@ -166,6 +166,8 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     Raises:
         ValueError: a benchmark row with a gold or reference its answer type cannot grade against.
     """
+    import dataclasses
+
     from .. import grading, models, precision
     from ..rollout import Progress, grade_all, run_rollouts, shutdown_vllm
 
@@ -175,50 +177,41 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
     problems = _load_problems(ev)           # data errors first, before the model is loaded
     _open_results(out, to_dict(ev), model_dir, problems)
     model, tok = models.load(model_dir)
-    # One rollout phase for every benchmark, so short sets do not idle the engine: the checked kinds (IFEval, BFCL)
-    # are greedy single-turn trajectories with one sample (paper §5.1) in the same batches as the answer-graded
-    # kinds' k samples at the protocol's temperature (each trajectory carries its own sampling).
-    greedy = {"temperature": 0.0, "max_turns": 1}
-    todo = []
-    for bench, (kind, probs) in problems.items():
-        done = {r["id"] for r in read_jsonl(out / bench / "per_problem.jsonl")}
-        n = 1 if kind in grading.CHECKERS else ev.k
-        todo += [(bench, kind, p, n) for p in probs if str(p["id"]) not in done]
-    batches, rows = [[]], 0
-    for item in todo:   # whole problems per batch, at most rollout.batch_size trajectories (one problem at least)
-        if batches[-1] and rows + item[3] > ev.rollout.batch_size:
-            batches.append([])
-            rows = 0
-        batches[-1].append(item)
-        rows += item[3]
-    progress, finished = Progress(f"eval {model_name}", unit="problems"), 0
-    for batch in filter(None, batches):
-        # no gold goes into the rollout: grading happens here, by each benchmark's declared answer type
-        # streams (seed) x "<benchmark>/<id>#<sample>": a problem's samples do not depend on its batch
-        trajs = run_rollouts(model, tok, [{"id": p["id"], "key": f"{bench}/{p['id']}", "problem": p["problem"],
-                                           "prompt": p.get("prompt"),
-                                           "sampling": greedy if kind in grading.CHECKERS else None}
-                                          for bench, kind, p, n in batch for _ in range(n)],
-                             ev.rollout, seed=seeds.derive(ev.seed, "evaluate", "answer"))
-        kinds = [kd for _, kd, _, n in batch for _ in range(n)]
-        answers = [p["answer"] for _, _, p, n in batch for _ in range(n)]
-        checks: list = [None] * len(trajs)
-        for kind in set(kinds):
-            idx = [i for i, kd in enumerate(kinds) if kd == kind]
-            sel, refs = [trajs[i] for i in idx], [answers[i] for i in idx]
-            if kind in grading.CHECKERS:
-                for i, c in zip(idx, _check(sel, refs, kind)):
-                    checks[i] = c
-            else:
-                grade_all(sel, answer_types=[kind] * len(sel), golds=refs)
-        first = 0
-        for bench, kind, p, n in batch:
-            sl = slice(first, first + n)
-            first += n
-            append_jsonl(out / bench / "per_problem.jsonl",
-                         _record(p, kind, trajs[sl], checks[sl] if kind in grading.CHECKERS else None))
-        finished += len(batch)
-        progress(finished, len(todo))
+    base = ev.rollout
+    plans = {"answer": (base, ev.k),     # checked kinds: greedy, one sample, one turn
+             "checked": (dataclasses.replace(base, temperature=0.0, max_turns=1), 1)}
+    for plan, (rcfg, k) in plans.items():
+        todo = []             # all benchmarks share each batch, so short sets do not idle the engine
+        for bench, (kind, probs) in problems.items():
+            if (kind in grading.CHECKERS) != (plan == "checked"):
+                continue
+            done = {r["id"] for r in read_jsonl(out / bench / "per_problem.jsonl")}
+            todo += [(bench, kind, p) for p in probs if str(p["id"]) not in done]
+        chunk = max(1, rcfg.batch_size // k)
+        progress = Progress(f"eval {model_name}" + (" (IFEval/BFCL)" if plan == "checked" else ""), unit="problems")
+        for start in range(0, len(todo), chunk):
+            batch = todo[start:start + chunk]
+            # no gold goes into the rollout: grading happens here, by each benchmark's declared answer type
+            # streams (seed, plan) x "<benchmark>/<id>#<sample>": a problem's samples do not depend on its batch
+            trajs = run_rollouts(model, tok, [{"id": p["id"], "key": f"{bench}/{p['id']}", "problem": p["problem"],
+                                               "prompt": p.get("prompt")} for bench, _, p in batch for _ in range(k)],
+                                 rcfg, seed=seeds.derive(ev.seed, "evaluate", plan))
+            kinds = [kd for _, kd, _ in batch for _ in range(k)]
+            answers = [p["answer"] for _, _, p in batch for _ in range(k)]
+            checks: list = [None] * len(trajs)
+            for kind in set(kinds):
+                idx = [i for i, kd in enumerate(kinds) if kd == kind]
+                sel, refs = [trajs[i] for i in idx], [answers[i] for i in idx]
+                if kind in grading.CHECKERS:
+                    for i, c in zip(idx, _check(sel, refs, kind)):
+                        checks[i] = c
+                else:
+                    grade_all(sel, answer_types=[kind] * len(sel), golds=refs)
+            for i, (bench, kind, p) in enumerate(batch):
+                sl = slice(i * k, (i + 1) * k)
+                append_jsonl(out / bench / "per_problem.jsonl",
+                             _record(p, kind, trajs[sl], checks[sl] if kind in grading.CHECKERS else None))
+            progress(start + len(batch), len(todo))
     shutdown_vllm()  # rollout.engine vllm: the AsyncLLM is done (nothing else when there is none)
     summary = {"model": model_name, "benchmarks": {}}
     for bench, (kind, probs) in problems.items():
