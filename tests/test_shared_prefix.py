@@ -35,6 +35,20 @@ def _grpo_batch(prefix_len: int):
     return ids, mask, labels
 
 
+def _group_batch(prefix_len: int):
+    """4 rollouts of one GRPO group: the same prompt, completions that open with the same 3 tokens (as a small
+    model's samples often do) and then differ; labels on the completions only."""
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(5, 500, (prefix_len,), generator=g).tolist()
+    opening = torch.randint(5, 500, (3,), generator=g).tolist()
+    comps = [opening + torch.randint(5, 500, (n,), generator=g).tolist() for n in (6, 1, 4, 2)]
+    ids = torch.tensor([prompt + c + [0] * (K - len(c)) for c in comps])
+    mask = torch.tensor([[1] * (prefix_len + len(c)) + [0] * (K - len(c)) for c in comps])
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :prefix_len] = -100
+    return ids, mask, labels
+
+
 def _sft_batch(prefix_len: int):
     """3 conversations sharing a system prefix, right-padded; loss on two spans of each (assistant turns)."""
     g = torch.Generator().manual_seed(2)
@@ -66,10 +80,12 @@ def test_common_prefix_leaves_each_row_a_token():
     assert common_prefix([[7, 1], [8, 1]]) == 0
 
 
-@pytest.mark.parametrize("layout", ["grpo", "sft"])
+@pytest.mark.parametrize("layout", ["grpo", "group", "sft"])
 def test_outputs_and_gradients_equal_the_whole_row_forward(layout):
+    """Also for one group's rollouts whose common prefix runs into their completions: the prefix stops at the prompt
+    (the last prompt token predicts the first labelled one), not the whole-row path."""
     model, plain = _models()
-    ids, mask, labels = (_grpo_batch if layout == "grpo" else _sft_batch)(40)
+    ids, mask, labels = {"grpo": _grpo_batch, "group": _group_batch, "sft": _sft_batch}[layout](40)
     w = torch.randn(ids.shape[0], ids.shape[1] - 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     seen = []
     fwd = model.model.forward

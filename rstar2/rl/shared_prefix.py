@@ -40,19 +40,22 @@ def common_prefix(rows: list[list[int]]) -> int:
 
 def _plan(input_ids, attention_mask, labels):
     """(prefix length s, each row's real-token columns) when the shared path applies, else None. The prefix ends one
-    token before the rows diverge: the prediction made at its last token is a row's own."""
+    token before the rows diverge or before the first token with a loss, whichever comes first: the prediction made
+    at its last token is a row's own, and no prefix position predicts a labelled token."""
     B, T = input_ids.shape
     if B < 2 or attention_mask is None:
         return None
     cols = [attention_mask[b].nonzero().squeeze(-1) for b in range(B)]
     seqs = [input_ids[b, c].tolist() for b, c in zip(range(B), cols)]
     s = common_prefix(seqs) - 1
+    # no loss on what the prefix predicts: it ends before the first labelled token. A GRPO group's rollouts share
+    # the whole prompt and often their opening words, so the common prefix alone would reach into the completions
+    for b, c in enumerate(cols):
+        labelled = (labels[b, c[1:s + 1]] != -100).nonzero()
+        if len(labelled):
+            s = int(labelled[0])   # prefix positions 0..s-1 predict columns c[1..s], none of them labelled
     if s < MIN_PREFIX:
         return None
-    for b, c in enumerate(cols):  # no loss on what the prefix predicts (the prompt's own tokens): else whole rows
-        nxt = c[1:s + 1]
-        if bool((labels[b, nxt] != -100).any()):
-            return None
     return s, cols
 
 
