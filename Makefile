@@ -31,7 +31,7 @@ run: setup
 
 test: setup-test
 	scripts/system_deps.sh test
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra --durations=20
 
 clean:
 	rm -rf results logs .snakemake
