@@ -148,6 +148,14 @@ def test_heldout_by_kind_joins_logged_ids_to_the_data_files_kinds(tmp_path):
     logged.write_text(json.dumps({"step": 0, "id": "my_ho-h9", "rewards": [1.0]}) + "\n")
     proc = subprocess.run(script, capture_output=True, text=True)
     assert proc.returncode != 0 and "row 1: id 'my_ho-h9' is no problem of" in proc.stderr
+    # an evaluation's per_problem.jsonl (no step column): one column
+    logged.write_text("".join(json.dumps({"id": f"arith_heldout-{i}", "rewards": r}) + "\n"
+                              for i, r in (("h0", [1.0]), ("h1", [0.0]), ("h2", [1.0]))))
+    out = subprocess.run(script, capture_output=True, text=True, check=True).stdout
+    assert re.search(r"\| bare\s*\| 1 / 2\s*\|", out) and re.search(r"\| word\s*\| 1 / 1\s*\|", out), out
+    logged.write_text("")   # an RL stage without rl.heldout: one line, no traceback
+    proc = subprocess.run(script, capture_output=True, text=True)
+    assert proc.returncode != 0 and "no rows" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_recovery_rows_show_the_real_sandbox_output_of_a_failed_then_a_fixed_call(tmp_path):

@@ -525,3 +525,18 @@ def test_the_training_table_says_what_each_stage_trained_on(tmp_path):
     report.run(_rp(), {"rl_stages": {"stage3": str(d)}}, str(out))
     row = next(line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| stage3 |"))
     assert row.startswith("| stage3 | arith_easy, arith_hard (hard.jsonl) | 13 / 3 | 4 |"), row
+
+
+def test_the_report_says_which_precision_the_rl_stages_ran_in(tmp_path):
+    """A float32 run (a CPU without native bf16) reads as one under the title, from the stages' manifests."""
+    why = ": this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag)"
+    d = tmp_path / "stage1"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text(json.dumps(_metrics_row(1, 0.5)) + "\n")
+    (d / "manifest.json").write_text(json.dumps({"stage": "rl_stage1", "precision": {
+        "training": "float32, not bf16" + why, "rollout": "float32, not bf16" + why}}))
+    report.run(_rp(), {"rl_stages": {"stage1": str(d)}}, str(tmp_path / "r"))
+    text = (tmp_path / "r" / "summary.md").read_text()
+    assert "Precision (RL stages' manifests): training float32, not bf16; rollout float32, not bf16." in text
+    report.run(_rp(), {}, str(tmp_path / "r2"))
+    assert "Precision" not in (tmp_path / "r2" / "summary.md").read_text()

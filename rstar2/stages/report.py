@@ -44,6 +44,21 @@ def made_from_line(made_from: dict) -> str:
     return line + f"; code {made_from['code'] or 'not a git checkout'}."
 
 
+def precision_line(manifests: dict) -> str | None:
+    """One line with the precision the RL stages ran in, as their manifests record it (``{"training": ...,
+    "rollout": ...}``, e.g. float32 on a CPU without native bf16), so a reader can tell a float32 run from a bf16
+    one; None when no manifest records it."""
+    seen: dict[str, list[str]] = {}
+    for name, m in manifests.items():
+        for part, value in ((m or {}).get("precision") or {}).items():
+            short = str(value).split(":")[0]   # "float32, not bf16: <why>" -> "float32, not bf16"
+            if short not in seen.setdefault(part, []):
+                seen[part].append(short)
+    if not seen:
+        return None
+    return "Precision (RL stages' manifests): " + "; ".join(f"{k} {' / '.join(v)}" for k, v in seen.items()) + "."
+
+
 def run(params: dict, inputs: dict, out_dir: str) -> None:
     """Build the report.
 
@@ -66,6 +81,8 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     title = p.title
     doc = Doc(title)
     doc.add(Para(made_from_line(p.made_from)))
+    if (prec := precision_line(got.manifests)) is not None:
+        doc.add(Para(prec))
     doc.add(*lead.lead_section(got.evals, got.eval_dirs, got.stages, p.lead_benchmark, got.notes))
     doc.add(*sections.evaluation(got.evals), Heading("Evaluation figure", 3),
             Figure("eval.png", "avg@k per benchmark with 95% bootstrap CI, beside the paper's numbers"))
