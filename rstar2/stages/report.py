@@ -49,7 +49,7 @@ def precision_line(manifests: dict) -> str | None:
     "rollout": ...}``, e.g. float32 on a CPU without native bf16), so a reader can tell a float32 run from a bf16
     one; None when no manifest records it."""
     seen: dict[str, list[str]] = {}
-    for name, m in manifests.items():
+    for m in manifests.values():
         for part, value in ((m or {}).get("precision") or {}).items():
             short = str(value).split(":")[0]   # "float32, not bf16: <why>" -> "float32, not bf16"
             if short not in seen.setdefault(part, []):
