@@ -150,3 +150,40 @@ def test_ablation_table_reads_per_seed_values_and_means():
     assert paired.rows[3][1] == f"{m:+.1f} [{m - h:+.1f}, {m + h:+.1f}]"
     verdict = next(b.text for b in blocks if isinstance(b, Para) and "seed pairs" in b.text)
     assert "lower than GRPO's in 3 of 3 seed pairs" in verdict and "excludes 0" in verdict
+
+
+def test_ablation_summary_counts_kept_positives_with_failed_calls_and_writes_the_reports_section(tmp_path):
+    """benchmarks/ablation_summary.py, the source of the README's ablation table: positives that entered the loss
+    and how many hold a failed call, read from rollouts.jsonl; the report's section and figure from the folders."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "ablation_summary", Path(__file__).resolve().parents[1] / "benchmarks" / "ablation_summary.py")
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+
+    def call(status):
+        return {"code": "print(1)", "status": status, "output": ""}
+    for mode, recs in {"grpo_roc": [(True, 1.0, ["ok"]), (True, 1.0, ["error", "ok"]), (False, 1.0, ["error"]),
+                                    (True, 0.0, ["error"])],
+                       "grpo": [(True, 1.0, ["timeout"]), (True, 1.0, [])]}.items():
+        d = tmp_path / f"{mode}-seed0"
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(json.dumps(
+            {"step": s, "reward_mean": 0.5, "tool_error_ratio_pos": e, "response_length_mean": 100.0,
+             "step_time_s": 10.0}) + "\n" for s, e in ((1, 0.5), (2, 0.1), (3, None))))
+        (d / "heldout.jsonl").write_text(json.dumps({"step": 0, "accuracy": 0.1, "n": 10}) + "\n")
+        (d / "rollouts.jsonl").write_text("".join(json.dumps(
+            {"step": 1, "kept": k, "reward": r, "turns": [{"text": "", "tool_calls": [call(c) for c in cs]}]}) + "\n"
+            for k, r, cs in recs))
+    out = summary.main([f"grpo_roc={tmp_path / 'grpo_roc-seed0'}", f"grpo={tmp_path / 'grpo-seed0'}",
+                        "--markdown", str(tmp_path / "a.md"), "--plot", str(tmp_path / "a.png")])
+    roc, grpo = out["grpo_roc"]["runs"][0], out["grpo"]["runs"][0]
+    assert (roc["kept_positives"], roc["kept_positives_failed_call"]) == (2, 1)
+    assert (grpo["kept_positives"], grpo["kept_positives_failed_call"]) == (2, 1)
+    assert roc["err_all_steps"] == pytest.approx(0.3)   # steps with a value only
+    md = (tmp_path / "a.md").read_text()
+    assert "| grpo_roc | 0 |" in md and "RoC − GRPO" in md
+    assert (tmp_path / "a.png").stat().st_size > 0
