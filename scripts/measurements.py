@@ -3,8 +3,8 @@
     python scripts/measurements.py save NAME [--wall-s S] [--command CMD]   # after a run: results/, logs/ -> docs/measurements/NAME
     python scripts/measurements.py table NAME                             # the README's row and per-stage times, from the kept files
 
-``save`` copies what the README quotes (each evaluated model's ``summary.json``, the stages' ``logs/benchmarks``
-timings, the report's ``summary.md``, the run's manifest) with the machine (CPU model and the flags that decide
+``save`` copies what the README quotes (each evaluated model's ``summary.json`` and held-out ``per_problem.jsonl``,
+the RL stages' ``metrics.jsonl``, the stages' ``logs/benchmarks`` timings, the report's ``summary.md``, the run's manifest) with the machine (CPU model and the flags that decide
 precision and speed), the commit and the command into ``docs/measurements/NAME``; ``table`` reads only those
 files, so anyone can check a README number against its source. ``scripts/measure_run.sh`` does both around a
 timed ``make run``.
@@ -54,6 +54,11 @@ def save(name: str, wall_s: float | None, command: str, results: Path, logs: Pat
     for summary in sorted(results.glob("eval/*/summary.json")):
         (dest / "eval" / summary.parent.name).mkdir(parents=True, exist_ok=True)
         shutil.copy2(summary, dest / "eval" / summary.parent.name / "summary.json")
+    # the per-problem rows of the lead benchmark (per-kind breakdowns) and the RL stages' per-step metrics
+    for rows in sorted(results.glob("eval/*/arith_heldout/per_problem.jsonl")) + sorted(results.glob("rl/stage*/metrics.jsonl")):
+        target = dest / rows.relative_to(results)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(rows, target)
     if (logs / "benchmarks").is_dir():
         shutil.copytree(logs / "benchmarks", dest / "benchmarks", dirs_exist_ok=True)
     for f in ("report/summary.md", "report/manifest.json"):

@@ -29,7 +29,14 @@ def test_saved_run_regenerates_the_readme_row(tmp_path, monkeypatch):
     (logs / "benchmarks" / "rl").mkdir(parents=True)
     (logs / "benchmarks" / "sft.tsv").write_text("s\th:m:s\n187.2\t0:03:07\n")
     (logs / "benchmarks" / "rl" / "stage1.tsv").write_text("s\th:m:s\n397.0\t0:06:37\n")
+    (results / "eval" / "sft" / "arith_heldout").mkdir()
+    (results / "eval" / "sft" / "arith_heldout" / "per_problem.jsonl").write_text('{"id": "a", "rewards": [1.0]}\n')
+    (results / "rl" / "stage1").mkdir(parents=True)
+    (results / "rl" / "stage1" / "metrics.jsonl").write_text('{"step": 1, "step_time_s": 20.0}\n')
     m.save("run-a", 1869.0, "make run", results, logs)
+    kept = tmp_path / "docs" / "measurements" / "run-a"   # the rows behind per-kind and per-step figures
+    assert (kept / "eval" / "sft" / "arith_heldout" / "per_problem.jsonl").read_text() == '{"id": "a", "rewards": [1.0]}\n'
+    assert (kept / "rl" / "stage1" / "metrics.jsonl").read_text() == '{"step": 1, "step_time_s": 20.0}\n'
     out = m.table("run-a").splitlines()
     assert out[0].startswith("machine: ") and "commit" in out[0] and "`make run`" in out[0]
     assert out[1] == "| base 2.0% [0.0, 5.0] | rl_stage3 53.0% [43.0, 63.0] (+51 points, intervals apart) | 31.1 min |"
