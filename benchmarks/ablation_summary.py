@@ -91,7 +91,8 @@ def main(argv=None) -> dict:
             print(f"{'':27} err_pos per step: {[None if v is None else round(v, 2) for v in s['err_pos_per_step']]}"
                   f"; all steps {fmt(pct('err_all_steps'))}; kept positives {s['kept_positives']}, "
                   f"{s['kept_positives_failed_call']} with a failed call")
-        means = {k: mean_interval([s[k] for s in ss]) for k in ("first", "last", "reward", "err", "len", "err_all_steps")}
+        means = {k: mean_interval([s[k] for s in ss])
+                 for k in ("first", "last", "reward", "err", "len", "err_all_steps")}
         out[label] = {"runs": ss, "means": means}
         show = lambda k, scale=100, p=1: "–" if means[k] is None else (  # noqa: E731
             f"{means[k][0] * scale:.{p}f} [{means[k][1] * scale:.{p}f}, {means[k][2] * scale:.{p}f}]")

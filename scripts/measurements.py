@@ -4,8 +4,8 @@
     python scripts/measurements.py table NAME                             # the README's row and per-stage times, from the kept files
 
 ``save`` copies what the README quotes (each evaluated model's ``summary.json`` and held-out ``per_problem.jsonl``,
-the RL stages' ``metrics.jsonl``, the stages' ``logs/benchmarks`` timings, the report's ``summary.md``, the run's manifest) with the machine (CPU model and the flags that decide
-precision and speed), the commit and the command into ``docs/measurements/NAME``; ``table`` reads only those
+the RL stages' ``metrics.jsonl``, the stages' ``logs/benchmarks`` timings, the report's ``summary.md``, the run's
+manifest) with the machine (CPU model and the flags that decide precision and speed), the commit and the command into ``docs/measurements/NAME``; ``table`` reads only those
 files, so anyone can check a README number against its source. ``scripts/measure_run.sh`` does both around a
 timed ``make run``.
 """
@@ -48,6 +48,12 @@ def machine() -> dict:
             "isa_env": {k: os.environ[k] for k in ISA_ENV if k in os.environ}}
 
 
+def lead_benchmark(report_manifest: Path) -> str:
+    """The benchmark the report leads with, from its manifest's params (the default run's when there is none)."""
+    manifest = json.loads(report_manifest.read_text()) if report_manifest.exists() else {}
+    return manifest.get("params", {}).get("lead_benchmark") or "arith_heldout"
+
+
 def save(name: str, wall_s: float | None, command: str, results: Path, logs: Path) -> Path:
     dest = REPO / "docs" / "measurements" / name
     dest.mkdir(parents=True, exist_ok=True)
@@ -55,7 +61,9 @@ def save(name: str, wall_s: float | None, command: str, results: Path, logs: Pat
         (dest / "eval" / summary.parent.name).mkdir(parents=True, exist_ok=True)
         shutil.copy2(summary, dest / "eval" / summary.parent.name / "summary.json")
     # the per-problem rows of the lead benchmark (per-kind breakdowns) and the RL stages' per-step metrics
-    for rows in sorted(results.glob("eval/*/arith_heldout/per_problem.jsonl")) + sorted(results.glob("rl/stage*/metrics.jsonl")):
+    bench = lead_benchmark(results / "report" / "manifest.json")
+    per_problem = sorted(results.glob(f"eval/*/{bench}/per_problem.jsonl"))
+    for rows in per_problem + sorted(results.glob("rl/stage*/metrics.jsonl")):
         target = dest / rows.relative_to(results)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(rows, target)
@@ -83,11 +91,10 @@ def stage_seconds(dest: Path) -> dict[str, float]:
 def table(name: str) -> str:
     dest = REPO / "docs" / "measurements" / name
     run = json.loads((dest / "run.json").read_text())
-    manifest = json.loads((dest / "manifest.json").read_text()) if (dest / "manifest.json").exists() else {}
-    params = manifest.get("params", {})
+
     found = {p.name for p in (dest / "eval").iterdir()}
     evals = {m: json.loads((dest / "eval" / m / "summary.json").read_text()) for m in MODEL_ORDER if m in found}
-    bench = params.get("lead_benchmark") or "arith_heldout"
+    bench = lead_benchmark(dest / "manifest.json")
     lines = [f"machine: {run['machine']['cpu']} (family {run['machine']['family']} model {run['machine']['model']}, "
              f"{run['machine']['cores']} cores, flags {', '.join(run['machine']['flags']) or 'none of ' + ', '.join(FLAGS)}"
              + "".join(f", {k}={v}" for k, v in run["machine"].get("isa_env", {}).items()) + "); "
