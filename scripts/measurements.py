@@ -6,8 +6,8 @@
 ``save`` copies what the README quotes (each evaluated model's ``summary.json`` and held-out ``per_problem.jsonl``,
 the RL stages' ``metrics.jsonl``, the stages' ``logs/benchmarks`` timings, the report's ``summary.md``, the run's
 manifest) with the machine (CPU model and the flags that decide precision and speed), the commit and the command
-into ``docs/measurements/NAME``; ``table`` reads only those files, so anyone can check a README number against its source. ``scripts/measure_run.sh`` does both around a
-timed ``make run``.
+into ``docs/measurements/NAME``; ``table`` reads only those files, so anyone can check a README number against its
+source. ``scripts/measure_run.sh`` does both around a timed ``make run``.
 """
 
 from __future__ import annotations
