@@ -68,7 +68,8 @@ rule rl_data:
         "logs/rl_data.log",
     benchmark:
         "logs/benchmarks/rl_data.tsv"
-    threads: 2
+    # generating needs the cores; without label verification it only tokenizes (one core)
+    threads: 2 if config["label_verification"]["enabled"] else 1
     resources:
         **job_resources("generate"),
     shell:
