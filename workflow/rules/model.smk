@@ -13,8 +13,9 @@ rule base_model:
         "logs/base_model.log",
     benchmark:
         "logs/benchmarks/base_model.tsv"
-    # one core: converting the GGUF tokenizer and weights is single-threaded Python (16 s of CPU in 38 s on a
-    # 2-core Zen 3); rl_candidates runs beside it
+    # one core: converting the GGUF tokenizer and weights is single-threaded Python (31 s on a 2-core Zen 3);
+    # rl_candidates, then sft_data run beside it. It starts first: everything after waits for it
+    priority: 20
     threads: 1
     resources:
         **job_resources("default"),
@@ -36,9 +37,9 @@ rule sft_data:
         "logs/sft_data.log",
     benchmark:
         "logs/benchmarks/sft_data.tsv"
-    priority: 10
-    # one core: generating the tasks and running their tool calls is single-threaded Python (6 s of CPU at a
-    # load of 1.2 on a 2-core Zen 3), so it runs beside base_model instead of after it
+    # one core: generating the tasks and running their tool calls is single-threaded Python (6 s at a load of
+    # 1.2 on a 2-core Zen 3), so it runs beside base_model instead of after it
+    priority: 5
     threads: 1
     resources:
         **job_resources("default"),
