@@ -2,7 +2,7 @@
 
 Runs an ``rstar2`` command (e.g. the ``rstar2 evaluate ...`` line of ``snakemake -n -p``) with
 ``rstar2.rollout.hf_cache._decode`` wrapped: per call it records the rows, the left-padded cache width after the
-shared prefix, each row's own cached tokens at entry, the new tokens per row and the call's wall time, and writes
+shared prefix (and that prefix's length), each row's own cached tokens at entry, the new tokens per row and the call's wall time, and writes
 them as JSON to ``--out``, then prints one line per call (pad share = 1 - mean own tokens / width). The
 one-token attention reads the whole width for every row, so the pad share is attention memory traffic spent on
 masked keys.
@@ -29,7 +29,9 @@ def main() -> None:
     def logged(model, cache, mask, logits, context, limits, *args, **kwargs):
         t0 = time.perf_counter()
         out = original(model, cache, mask, logits, context, limits, *args, **kwargs)
-        log.append({"rows": len(context), "width": mask.shape[1], "own": mask.sum(-1).tolist(),
+        prefix = args[5] if len(args) > 5 else kwargs.get("prefix")   # _decode's shared-prefix KV, or None
+        log.append({"rows": len(context), "prefix": prefix[0][0].shape[-2] if prefix else 0,
+                    "width": mask.shape[1], "own": mask.sum(-1).tolist(),
                     "new": [len(ids) for ids, _ in out], "s": time.perf_counter() - t0})
         return out
 
@@ -37,12 +39,12 @@ def main() -> None:
     from rstar2 import cli
 
     try:
-        cli.main([x for x in a.command if x != "--"])
+        cli.main(a.command[1:] if a.command[:1] == ["--"] else a.command)
     finally:
         json.dump(log, open(a.out, "w"))
         for c in log:
             own, new = c["own"], c["new"]
-            print(f"rows {c['rows']:4d} width {c['width']:4d} own mean {sum(own) / len(own):6.1f} min {min(own):4d} "
+            print(f"rows {c['rows']:4d} shared prefix {c['prefix']:4d} width {c['width']:4d} own mean {sum(own) / len(own):6.1f} min {min(own):4d} "
                   f"max {max(own):4d} pad share {1 - sum(own) / (len(own) * c['width']):5.1%} new tokens mean "
                   f"{sum(new) / len(new):6.1f} max {max(new):4d} decode {c['s']:6.1f} s")
 

@@ -69,6 +69,10 @@ def save(name: str, wall_s: float | None, command: str, results: Path, logs: Pat
         shutil.copy2(rows, target)
     if (logs / "benchmarks").is_dir():
         shutil.copytree(logs / "benchmarks", dest / "benchmarks", dirs_exist_ok=True)
+    # Snakemake's own log: each job's start and end, and its total (the set-up is the rest of the wall time)
+    snakemake_logs = sorted((REPO / ".snakemake" / "log").glob("*.snakemake.log"), key=lambda p: p.stat().st_mtime)
+    if snakemake_logs:
+        shutil.copy2(snakemake_logs[-1], dest / "snakemake.log")
     for f in ("report/summary.md", "report/manifest.json"):
         if (results / f).exists():
             shutil.copy2(results / f, dest / Path(f).name)

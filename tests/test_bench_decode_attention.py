@@ -1,11 +1,22 @@
 """benchmarks/bench_decode_attention.py runs and prints one row per (batch, width) with its floor ratios."""
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def test_floor_counts_each_rows_keys_and_values_and_the_prefix_once():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_attn", REPO / "benchmarks/bench_decode_attention.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # 16 rows x 3 KV heads x 200 tokens x 64 dims x (K, V) x 4 bytes; the 378-token prefix's K and V once
+    assert mod.floor_bytes(16, 200, 378, 3, 64) == (16 * 3 * 200 * 64 * 2 * 4 + 3 * 378 * 64 * 2 * 4,
+                                                   16 * 3 * 200 * 64 * 2 * 4)
 
 
 def test_attention_benchmark_prints_a_row_per_shape():

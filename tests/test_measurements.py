@@ -33,10 +33,13 @@ def test_saved_run_regenerates_the_readme_row(tmp_path, monkeypatch):
     (results / "eval" / "sft" / "arith_heldout" / "per_problem.jsonl").write_text('{"id": "a", "rewards": [1.0]}\n')
     (results / "rl" / "stage1").mkdir(parents=True)
     (results / "rl" / "stage1" / "metrics.jsonl").write_text('{"step": 1, "step_time_s": 20.0}\n')
+    (tmp_path / ".snakemake" / "log").mkdir(parents=True)
+    (tmp_path / ".snakemake" / "log" / "2026-01-01T000000.snakemake.log").write_text("Elapsed time: 0:20:28\n")
     m.save("run-a", 1869.0, "make run", results, logs)
     kept = tmp_path / "docs" / "measurements" / "run-a"   # the rows behind per-kind and per-step figures
     assert (kept / "eval" / "sft" / "arith_heldout" / "per_problem.jsonl").read_text() == '{"id": "a", "rewards": [1.0]}\n'
     assert (kept / "rl" / "stage1" / "metrics.jsonl").read_text() == '{"step": 1, "step_time_s": 20.0}\n'
+    assert (kept / "snakemake.log").read_text() == "Elapsed time: 0:20:28\n"   # job times and Snakemake's total
     out = m.table("run-a").splitlines()
     assert out[0].startswith("machine: ") and "commit" in out[0] and "`make run`" in out[0]
     assert out[1] == "| base 2.0% [0.0, 5.0] | rl_stage3 53.0% [43.0, 63.0] (+51 points, intervals apart) | 31.1 min |"

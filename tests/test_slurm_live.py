@@ -44,7 +44,7 @@ TEST_CONFIG = {
 }
 # rule -> (CPUs, MB, minutes, partition): threads from the rule or profiles/slurm-local's set-threads, memory and
 # time from TEST_CONFIG's family, partition from profiles/slurm-local
-EXPECTED = {"base_model": (1, 1100, 21, "cpu"), "sft_data": (2, 1100, 21, "cpu"), "rl_candidates": (1, 1100, 21, "cpu"),
+EXPECTED = {"base_model": (1, 1100, 21, "cpu"), "sft_data": (1, 1100, 21, "cpu"), "rl_candidates": (1, 1100, 21, "cpu"),
             "sft": (2, 1300, 23, "gpu"), "rl_data": (1, 1200, 22, "gpu"), "rl": (2, 1500, 25, "gpu")}
 # the rest of the DAG: rule -> (jobs, CPUs, MB, minutes, partition)
 EXPECTED_REST = {"rl": (2, 2, 1500, 25, "gpu"), "hard_problems": (1, 1, 1200, 22, "gpu"),

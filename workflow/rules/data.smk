@@ -17,7 +17,7 @@ rule rl_candidates:
         "logs/rl_candidates.log",
     benchmark:
         "logs/benchmarks/rl_candidates.tsv"
-    priority: 10  # cheap and most likely to reveal a bad custom dataset: run it first
+    priority: 10  # cheap and most likely to reveal a bad custom dataset: it starts with base_model
     threads: 1
     resources:
         **job_resources("default"),
@@ -68,7 +68,8 @@ rule rl_data:
         "logs/rl_data.log",
     benchmark:
         "logs/benchmarks/rl_data.tsv"
-    # generating needs the cores; without label verification it only tokenizes (one core)
+    # generating needs the cores; without label verification it only tokenizes, on one core (with 3 or more
+    # cores it then runs beside sft; with 2 it waits for a core either way)
     threads: 2 if config["label_verification"]["enabled"] else 1
     resources:
         **job_resources("generate"),

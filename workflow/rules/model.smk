@@ -13,8 +13,8 @@ rule base_model:
         "logs/base_model.log",
     benchmark:
         "logs/benchmarks/base_model.tsv"
-    # one core: converting the GGUF tokenizer and weights is single-threaded Python (31 s on a 2-core Zen 3);
-    # rl_candidates, then sft_data run beside it. It starts first: everything after waits for it
+    # one core: converting the GGUF tokenizer and weights is single-threaded Python (~15 s of CPU in 31-33 s on a
+    # 2-core Zen 3); rl_candidates, then sft_data run beside it. It starts first: everything after waits for it
     priority: 20
     threads: 1
     resources:
