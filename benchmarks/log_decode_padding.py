@@ -1,9 +1,9 @@
 """CPU: how much of each decode batch's KV cache is left padding (issue 37), logged during a real stage.
 
 Runs an ``rstar2`` command (e.g. the ``rstar2 evaluate ...`` line of ``snakemake -n -p``) with
-``rstar2.rollout.hf_cache._decode`` wrapped: per call it records the rows, the left-padded cache width after the
-shared prefix (and that prefix's length), each row's own cached tokens at entry, the new tokens per row and the call's wall time, and writes
-them as JSON to ``--out``, then prints one line per call (pad share = 1 - mean own tokens / width). The
+``rstar2.rollout.hf_cache._decode`` wrapped: per call it records the rows, the shared prefix's length, the
+left-padded cache width after it, each row's own cached tokens at entry, the new tokens per row and the call's
+wall time, and writes them as JSON to ``--out``, then prints one line per call (pad share = 1 - mean own tokens / width). The
 one-token attention reads the whole width for every row, so the pad share is attention memory traffic spent on
 masked keys.
 
@@ -41,11 +41,12 @@ def main() -> None:
     try:
         cli.main(a.command[1:] if a.command[:1] == ["--"] else a.command)
     finally:
-        json.dump(log, open(a.out, "w"))
+        with open(a.out, "w") as f:
+            json.dump(log, f)
         for c in log:
             own, new = c["own"], c["new"]
-            print(f"rows {c['rows']:4d} shared prefix {c['prefix']:4d} width {c['width']:4d} own mean {sum(own) / len(own):6.1f} min {min(own):4d} "
-                  f"max {max(own):4d} pad share {1 - sum(own) / (len(own) * c['width']):5.1%} new tokens mean "
+            print(f"rows {c['rows']:4d} shared prefix {c['prefix']:4d} width {c['width']:4d} own mean "
+                  f"{sum(own) / len(own):6.1f} min {min(own):4d} max {max(own):4d} pad share {1 - sum(own) / (len(own) * c['width']):5.1%} new tokens mean "
                   f"{sum(new) / len(new):6.1f} max {max(new):4d} decode {c['s']:6.1f} s")
 
 

@@ -95,7 +95,6 @@ def stage_seconds(dest: Path) -> dict[str, float]:
 def table(name: str) -> str:
     dest = REPO / "docs" / "measurements" / name
     run = json.loads((dest / "run.json").read_text())
-
     found = {p.name for p in (dest / "eval").iterdir()}
     evals = {m: json.loads((dest / "eval" / m / "summary.json").read_text()) for m in MODEL_ORDER if m in found}
     bench = lead_benchmark(dest / "manifest.json")

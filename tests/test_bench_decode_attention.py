@@ -9,8 +9,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_floor_counts_each_rows_keys_and_values_and_the_prefix_once():
-    sys.path.insert(0, str(REPO / "benchmarks"))
+def test_floor_counts_each_rows_keys_and_values_and_the_prefix_once(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))   # the script imports bench_decode beside it
     spec = importlib.util.spec_from_file_location("bench_attn", REPO / "benchmarks/bench_decode_attention.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
