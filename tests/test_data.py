@@ -456,6 +456,34 @@ def test_prompt_length_counts_the_prompt_a_rollout_starts_from(qwen_tokenizer):
     assert prompt_lengths(problems[:1], qwen_tokenizer, tool + "_and_more_words")[0] > expected[0]
 
 
+def test_prompt_length_adds_the_system_turn_only_where_the_tokenizer_splits_there(qwen_tokenizer):
+    """The system turn is tokenized once where its count adds up (Qwen's end-of-turn marker is special); a
+    tokenizer that adds a token to every text does not add up there, and every prompt is then counted whole."""
+    from rstar2 import chat
+    from rstar2.data.prompt_length import prompt_lengths
+
+    tool = "python_code_with_standard_io"
+    tools = [chat.python_tool_schema(tool)]
+    problems = [f"What is {i} + {i}?" for i in range(20)] + ["\nleading newline", " leading space", ""]
+    whole = [len(qwen_tokenizer(chat.prompt_text(p, tools), add_special_tokens=False)["input_ids"]) for p in problems]
+    seen = []
+
+    class Spy:
+        def __call__(self, texts, add_special_tokens):
+            seen.extend(texts)
+            return qwen_tokenizer(texts, add_special_tokens=add_special_tokens)
+
+    assert prompt_lengths(problems, Spy(), tool, batch_size=7) == whole
+    head = chat.turn("system", chat.system_message(tools))
+    assert sum(t.startswith(head) for t in seen) == 1 + 8   # the system turn alone, then the probe's 8 prompts
+
+    class WithStartToken:   # one extra token per text, like a tokenizer that prepends a word-start marker
+        def __call__(self, texts, add_special_tokens):
+            return {"input_ids": [[0] + qwen_tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]}
+
+    assert prompt_lengths(problems, WithStartToken(), tool, batch_size=7) == [n + 1 for n in whole]
+
+
 def test_prompt_length_keeps_exactly_max_tokens_and_drops_one_more(tmp_path, qwen_tokenizer):
     from rstar2.data.curate import format_funnel
     from rstar2.stages import rl_data
