@@ -482,6 +482,12 @@ def test_prompt_length_adds_the_system_turn_only_where_the_tokenizer_splits_ther
             return {"input_ids": [[0] + qwen_tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]}
 
     assert prompt_lengths(problems, WithStartToken(), tool, batch_size=7) == [n + 1 for n in whole]
+    # the default config's tool name (its schema is the system turn every default prompt opens with)
+    import yaml
+    default_tool = yaml.safe_load((Path(__file__).parents[1] / "config.yaml").read_text())["tool"]["name"]
+    tools = [chat.python_tool_schema(default_tool)]
+    assert prompt_lengths(problems, qwen_tokenizer, default_tool, batch_size=5) == [
+        len(qwen_tokenizer(chat.prompt_text(p, tools), add_special_tokens=False)["input_ids"]) for p in problems]
 
 
 def test_prompt_length_keeps_exactly_max_tokens_and_drops_one_more(tmp_path, qwen_tokenizer):

@@ -24,12 +24,14 @@ DROP_REASON = "prompt_too_long"
 def prompt_lengths(problems: list[str], tokenizer, tool_name: str, batch_size: int = 512) -> list[int]:
     """Token count of each problem's rendered RL prompt (module docstring), in order.
 
-    The system turn (system prompt and tool schema, ~380 tokens) is the same in every prompt and ends in the chat
-    template's end-of-turn marker. Where the tokenizer splits there (the marker is a special token, as in
-    Qwen's and SmolLM2's), a prompt's count is the system turn's plus that of the rest, so only the rest (the user
-    turn and generation prompt, ~50 tokens for most problems) is tokenized per problem: on a 2-core Zen 3, 24,012
-    candidates took 9.6 s whole. Whether the counts add up is a property of that fixed boundary, not of the problem;
-    it is checked on the first problems (whole prompts) and, if they differ, every prompt is tokenized whole.
+    The system turn (system prompt and tool schema: 326 tokens in SmolLM2's tokenizer, 288 in Qwen3's) is the same
+    in every prompt and ends in the chat template's end-of-turn marker. Where the tokenizer splits there (the marker
+    is a special token, as in Qwen's and SmolLM2's), a prompt's count is the system turn's plus that of the rest, so
+    only the rest (the user turn and generation prompt, a median of ~80 tokens over the default's candidates) is
+    tokenized per problem: the default run's rl_data took 27 s before, 13 s after, on a 2-core Zen 3
+    (``docs/measurements/zen3_seed0_r2`` and ``zen3_seed0_r3``, ``benchmarks/rl_data.tsv``). Whether the counts add
+    up is a property of that fixed boundary, not of the problem; it is checked on the first problems (whole prompts)
+    and, if they differ, every prompt is tokenized whole.
 
     Args:
         problems: problem texts (any number, empty strings too).
