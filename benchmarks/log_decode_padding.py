@@ -3,9 +3,9 @@
 Runs an ``rstar2`` command (e.g. the ``rstar2 evaluate ...`` line of ``snakemake -n -p``) with
 ``rstar2.rollout.hf_cache._decode`` wrapped: per call it records the rows, the shared prefix's length, the
 left-padded cache width after it, each row's own cached tokens at entry, the new tokens per row and the call's
-wall time, and writes them as JSON to ``--out``, then prints one line per call (pad share = 1 - mean own tokens / width). The
-one-token attention reads the whole width for every row, so the pad share is attention memory traffic spent on
-masked keys.
+wall time, and writes them as JSON to ``--out``, then prints one line per call (pad share = 1 - mean own tokens /
+width). The one-token attention reads the whole width for every row, so the pad share is attention memory
+traffic spent on masked keys.
 
 Run: ``python benchmarks/log_decode_padding.py --out pad.json -- evaluate --params '...' --name sft --model M --out D``.
 """
@@ -45,9 +45,10 @@ def main() -> None:
             json.dump(log, f)
         for c in log:
             own, new = c["own"], c["new"]
+            pad = 1 - sum(own) / (len(own) * c["width"])
             print(f"rows {c['rows']:4d} shared prefix {c['prefix']:4d} width {c['width']:4d} own mean "
-                  f"{sum(own) / len(own):6.1f} min {min(own):4d} max {max(own):4d} pad share {1 - sum(own) / (len(own) * c['width']):5.1%} new tokens mean "
-                  f"{sum(new) / len(new):6.1f} max {max(new):4d} decode {c['s']:6.1f} s")
+                  f"{sum(own) / len(own):6.1f} min {min(own):4d} max {max(own):4d} pad share {pad:5.1%} "
+                  f"new tokens mean {sum(new) / len(new):6.1f} max {max(new):4d} decode {c['s']:6.1f} s")
 
 
 if __name__ == "__main__":

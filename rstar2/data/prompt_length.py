@@ -19,6 +19,7 @@ from .curate import append_step
 
 STEP = "prompt_length"
 DROP_REASON = "prompt_too_long"
+_PROBE = 8   # problems whose whole prompts check that the system turn's count adds up (prompt_lengths)
 
 
 def prompt_lengths(problems: list[str], tokenizer, tool_name: str, batch_size: int = 512) -> list[int]:
@@ -48,9 +49,8 @@ def prompt_lengths(problems: list[str], tokenizer, tool_name: str, batch_size: i
         return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
     n_head = count([head])[0]
-    probe = problems[:_PROBE]
-    additive = count([chat.prompt_text(p, tools) for p in probe]) == \
-        [n_head + n for n in count([chat.prompt_text(p, tools)[len(head):] for p in probe])]
+    probe = [chat.prompt_text(p, tools) for p in problems[:_PROBE]]
+    additive = count(probe) == [n_head + n for n in count([t[len(head):] for t in probe])]
     out: list[int] = []
     with tqdm(total=len(problems), desc="rl_data prompt tokens", unit="prompt", file=sys.stderr,
               mininterval=2.0) as bar:
@@ -59,9 +59,6 @@ def prompt_lengths(problems: list[str], tokenizer, tool_name: str, batch_size: i
             out += [n_head + n for n in count([t[len(head):] for t in texts])] if additive else count(texts)
             bar.update(len(texts))
     return out
-
-
-_PROBE = 8   # problems whose whole prompts check that the system turn's count adds (prompt_lengths)
 
 
 def filter_prompts(rows: list[dict], funnel: dict, max_tokens: int | None, lengths: list[int] | None) -> list[dict]:
