@@ -1,4 +1,4 @@
-"""``reproducible: true`` on the vLLM engines (README "Reproducible runs"): seeded requests and, on CUDA, vLLM's
+"""``reproducible: true`` on the vLLM engines (docs/resume.md): seeded requests and, on CUDA, vLLM's
 batch-invariant kernels.
 
 - Seeds: each trajectory turn is its own vLLM request with its own ``SamplingParams(seed=...)``, derived from the
