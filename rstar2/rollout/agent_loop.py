@@ -47,7 +47,7 @@ SCHEDULERS = ("balanced", "static")    # rollout.scheduler
 class RolloutConfig:
     """Sampling, loop limits and rollout-engine settings. Token counts are in the policy tokenizer's tokens.
 
-    The keyword defaults serve the Python API (README examples, tests); a workflow stage builds its config with
+    The keyword defaults serve the Python API (docs/api.md examples, tests); a workflow stage builds its config with
     ``from_params`` from the validated config, where every value is given (the schema holds the defaults).
 
     batch_size: most sequences one engine runs in one forward batch (transformers engine).
