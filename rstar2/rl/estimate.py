@@ -1,4 +1,4 @@
-"""The time estimate ``snakemake -n`` prints per GPU stage (issue 36): the config, the GPU table (rstar2/gpus.py)
+"""The time estimate ``snakemake -n`` prints per GPU stage: the config, the GPU table (rstar2/gpus.py)
 and the memory plan's KV room fed into the throughput model (throughput.py). Pure arithmetic, no torch.
 
 Which engines a stage has: an RL stage colocates one vLLM per training GPU (rollout.engine vllm, TRL colocate
