@@ -1,4 +1,4 @@
-"""What a GPU cluster would reject hours into a run, refused at DAG time instead (issue 36): token budgets beyond
+"""What a GPU cluster would reject hours into a run, refused at DAG time instead: token budgets beyond
 the model's context window, batch shapes the training processes cannot split evenly, and generation budgets whose
 KV cache does not fit next to the weights in vLLM. Pure arithmetic (no torch); the workflow calls ``refusals``
 beside the memory plan (workflow/rules/common.smk). Each refusal is one line naming the setting and the limit.
