@@ -1,4 +1,4 @@
-"""Time and GPU-hours of the GPU stages, predicted from the config before anything runs (issue 36).
+"""Time and GPU-hours of the GPU stages, predicted from the config before anything runs.
 
 Pure arithmetic (no torch), beside the memory plan (memory_plan.py), whose KV room it uses; the workflow prints it at
 parse time (workflow/rules/common.smk), so ``snakemake -n`` shows it per stage. Units: seconds, bytes, FLOP.
