@@ -1,6 +1,6 @@
 """The time estimate's arithmetic (rstar2/rl/throughput.py) on small hand-computed cases, the GPU table
 (rstar2/gpus.py) as the config selects it, and the paper's setup (64 MI300X, configs/paper-qwen3-14b.yaml) against
-the paper's "about one week" for 510 RL steps (paper §1; factor explained in README "Time estimate")."""
+the paper's "about one week" for 510 RL steps (paper §1; docs/scale.md, "Time estimate", explains the factor)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ PAPER_WEEK_H = 7 * 24   # "about one week" for the 510 RL steps (paper §1)
 
 def test_the_paper_setup_is_within_the_stated_factor_of_a_week():
     """64 MI300X (8 nodes x 8) on the paper config: the three RL stages (300 + 85 + 125 steps) predict about 4.5 days,
-    0.64 of the paper's week (README "Time estimate" says why the prediction is low)."""
+    0.64 of the paper's week (docs/scale.md, "Time estimate", says why the prediction is low)."""
     cfg = paper_config("distributed: {gpu: mi300x, resources: {rl: {gpu: 8, nodes: 8}}}\n")
     stages = ["stage1", "stage2", "stage3"]
     plans, notice = mp.workflow_plans(cfg, stages, 64, {"distributed_type": "FSDP"}, "/nonexistent")
