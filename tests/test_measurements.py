@@ -1,4 +1,4 @@
-"""scripts/measurements.py: a run's kept source regenerates the README's row (accuracy with intervals, gain, wall time,
+"""scripts/measurements.py: a run's kept source regenerates its row (accuracy with intervals, gain, wall time,
 per-stage times) from the files it copied, with the report's own headline arithmetic."""
 
 import importlib.util
