@@ -285,7 +285,7 @@ def real(setup):
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_after", ["step1", "checkpoint2", "last_checkpoint"])
 def test_real_rollouts_killed_and_resumed_equal_the_uninterrupted_run(real, kill_after):
-    """Issue 22: kill after step 1 (before any checkpoint: the resume starts over), at the step-2 checkpoint,
+    """Kill after step 1 (before any checkpoint: the resume starts over), at the step-2 checkpoint,
     or after the last step's checkpoint (the resume runs no further step but still writes the model and the
     manifest); the resumed stage's rollouts, metrics and weights equal the uninterrupted run's, timings aside
     (rstar2.reproduce.compare_runs)."""
