@@ -261,7 +261,7 @@ def test_killed_mid_stage_then_completes(workdir):
 
 @pytest.mark.slow
 def test_same_seed_gives_identical_results_and_another_seed_differs(workdir, tmp_path_factory):
-    """Issue 22: an uninterrupted second run of the tiny config with the same seed equals the killed-and-resumed
+    """An uninterrupted second run of the tiny config with the same seed equals the killed-and-resumed
     run above in every compared artifact (rollouts, metrics, evaluations, weights, manifests), timings aside;
     seed 1 gives other rollouts and weights."""
     from rstar2.reproduce import compare_runs
@@ -362,7 +362,7 @@ def test_package_import_never_imports_vllm():
 
 
 def test_custom_dataset_through_config_alone(tmp_path):
-    """The README's example: a CSV with other column names becomes the RL set by editing config only."""
+    """docs/own-data.md's worked example: a CSV with other column names becomes the RL set by editing config only."""
     wd = copy_workflow(tmp_path)
     smk(wd, "--cores", "1", "results/rl_data/manifest.json", "--configfile", "configs/custom_data.example.yaml")
     rows = [json.loads(line) for line in (wd / "results/rl_data/train.jsonl").read_text().splitlines()]
