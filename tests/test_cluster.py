@@ -189,7 +189,7 @@ def test_gpu_node_profile_caps_gpus(workdir):
 
 
 def test_dry_runs_ignore_a_finished_stage_in_the_repository(workdir, tmp_path):
-    """`make run` then `make test` (issue 17): the tests plan in scratch copies, so a finished stage in the
+    """`make run` then `make test`: the tests plan in scratch copies, so a finished stage in the
     repository's own results/ changes no test's plan. A finished rl_candidates stage is planted in the
     repository (only where it has none: nothing of a real run is touched) and removed afterwards; a copy with
     the same stage finished shows that the planted manifest does make Snakemake skip the job."""
