@@ -1,4 +1,4 @@
-"""Learning guard (issue 9): a short real run of the pipeline's stages must raise the training reward.
+"""Learning guard: a short real run of the pipeline's stages must raise the training reward.
 
 A flipped advantage sign or a loss mask off by one still "runs"; this test fails on them. It runs the real
 stages in-process on SmolLM2-135M-Instruct (from the PyPI wheel): the string-tools SFT cold start, then GRPO-RoC
@@ -9,7 +9,7 @@ policy before any update, so its reward is the baseline; the mean reward of the 
 margin. With the advantage sign flipped (or nothing in the loss mask) the reward falls (or stays) instead.
 
 Precision as the learning config sets it (``bf16: true``, ``rollout.precision: bf16``): bf16 where the CPU has
-native bf16, float32 elsewhere (rstar2.precision; issue 17).
+native bf16, float32 elsewhere (rstar2.precision).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_short_rl_run_raises_the_reward(tmp_path):
     base_model.run(stage_params("base_model", files=learning), str(tmp_path / "base"))
     sft_data.run(stage_params("sft_data", files=learning), str(tmp_path / "sft_data"))
     # grad_accum 2 (4 rows per forward): where the CPU has no native bf16 this runs float32 (rstar2.precision),
-    # which peaked above 13 GB with all 8 rows at once and at 9.1 GB with 4 (issue 17, measured)
+    # which peaked above 13 GB with all 8 rows at once and at 9.1 GB with 4 (measured)
     sft.run(stage_params("sft", files=learning, overrides={"sft": {"epochs": 1, "learning_rate": 1e-4, "batch_size": 8,
                                                                    "grad_accum": 2, "warmup_ratio": 0.1}}),
             str(tmp_path / "base" / "model"), str(tmp_path / "sft_data" / "train.jsonl"), str(tmp_path / "sft"))
