@@ -1,4 +1,4 @@
-"""The package's structure (issue 18): layers whose imports point down only, no import cycle, nothing heavy in
+"""The package's structure: layers whose imports point down only, no import cycle, nothing heavy in
 the grading workers, and every stage parameter's default taken from the config schema and nowhere else."""
 
 from __future__ import annotations
