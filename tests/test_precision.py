@@ -1,4 +1,4 @@
-"""Precision by capability (issue 17): bf16 where the device has it natively, float32 with a notice elsewhere.
+"""Precision by capability: bf16 where the device has it natively, float32 with a notice elsewhere.
 
 The capability probe is patched both ways: with native bf16 the settings behave as before (bf16 autocast in
 training, a bfloat16 copy for decoding); without it ``true`` / ``bf16`` run float32 and say so once, in the log
@@ -93,7 +93,7 @@ def test_training_bf16_without_native_support_runs_float32_and_says_so_once(prob
 
 
 def test_full_determinism_only_on_cuda_and_only_when_reproducible(probe):
-    """Issue 22: transformers' full_determinism (torch.use_deterministic_algorithms, deterministic cuBLAS) on CUDA;
+    """Transformers' full_determinism (torch.use_deterministic_algorithms, deterministic cuBLAS) on CUDA;
     on CPU same-seed runs are already identical (tests/test_reproducible.py) and the mode would only cost time."""
     probe(True)
     assert distributed.trainer_kwargs(_dist(False))["full_determinism"] is False
