@@ -1,4 +1,4 @@
-"""The sandbox works wherever its Python lives (issue 26): a venv under /tmp, behind a symlink, under a path
+"""The sandbox works wherever its Python lives: a venv under /tmp, behind a symlink, under a path
 with a space; every zygote kind's calls import numpy there, and the checkout's other files stay hidden. The
 start-up probe turns a Python tree the sandbox hides into one error at start.
 
@@ -39,7 +39,7 @@ with Pool(SandboxLimits(timeout_s=10), workers=1, lean_workers=1, full_workers=1
         w.submit(10**6, check, "", p.limits, fut)
         r = fut.result()
         out[kind] = json.loads(r.stdout) if r.status == "ok" else r.stderr
-if out["iso"][2]:  # the fault of issue 26, put back: the probe must stop the pool at start, in one line
+if out["iso"][2]:  # the fault this module prevents, put back: the probe must stop the pool at start, in one line
     pool_mod.per_call_mounts = lambda layout, mode: {"keep": [], "mkdirs": [], "cover": []}
     try:
         Pool(SandboxLimits(timeout_s=10), workers=1, lean_workers=1, full_workers=0, slots=2, isolation=isolation)
