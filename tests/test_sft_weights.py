@@ -1,4 +1,4 @@
-"""Per-message loss weights in SFT (issue 34): the OpenAI fine-tuning format's ``"weight": 0`` on an assistant
+"""Per-message loss weights in SFT: the OpenAI fine-tuning format's ``"weight": 0`` on an assistant
 message (and a ShareGPT turn's) keeps it in the context and gives mask 0 on exactly that message's tokens; the
 recovery demonstrations' ``mistake_weight: 0`` does the same for their mistaken first call."""
 
