@@ -202,7 +202,7 @@ def test_select_drops_equal_groups_in_both_modes():
     # advantages over the kept pair only: mean 0.5, unbiased std sqrt(0.5)
     a = 0.5 / (math.sqrt(0.5) + 1e-6)
     assert res[2].advantages == pytest.approx([a if r else -a for r in kept_rewards])
-    # grpo (issue 23): equal-reward groups leave the update too, so they do not grow the loss's token count
+    # grpo: equal-reward groups leave the update too, so they do not grow the loss's token count
     res = select(groups, pens, 4, "grpo", "topk", 1e-3, random.Random(0))
     assert [r.kept for r in res] == [[], [], [0, 1, 2, 3]] and [r.dropped for r in res] == [True, True, False]
     assert res[0].advantages == res[1].advantages == []
