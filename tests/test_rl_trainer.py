@@ -93,7 +93,7 @@ def test_all_equal_group_leaves_the_update(qwen_tokenizer, tmp_path):
 def test_penalties_from_real_trajectories_status_and_substring(qwen_tokenizer, tmp_path):
     """A failing call ('print(x)' -> NameError) counts as an error under both definitions."""
     tok = qwen_tokenizer
-    # the rollout layer directly: a group of one has equal rewards, so RolloutFunc would drop it (issue 23)
+    # the rollout layer directly: a group of one has equal rewards, so RolloutFunc would drop it
     (t,) = rollout_lib.run_rollouts(CyclingModel(tok, [BAD_CALL, CALL, RIGHT]), tok,
                                     [{"id": "p1", "problem": Q, "answer": "42"}],
                                     RolloutConfig(max_response_tokens=300, batch_size=1), answer_type="integer")
@@ -281,7 +281,7 @@ def test_step_metrics_keys_and_values():
 
 
 def test_rollout_state_is_the_step_and_streams_derive_from_seed_and_step(monkeypatch):
-    """Issue 22: a resumed stage restores only the step counter; each step's sampling seed and RoC selection
+    """A resumed stage restores only the step counter; each step's sampling seed and RoC selection
     stream derive from (seed, step), so they need no saved RNG state, and differ between steps and seeds."""
     fn = RolloutFunc({}, RolloutConfig(), 2, 2, "grpo_roc", "topk", 3, "/nonexistent")
     fn.step = 5
