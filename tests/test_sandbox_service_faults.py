@@ -1,4 +1,4 @@
-"""The HTTP sandbox service under load and faults (issue 38): a worker killed mid-call, Redis restarted mid-batch, the
+"""The HTTP sandbox service under load and faults: a worker killed mid-call, Redis restarted mid-batch, the
 API restarted mid-request, a full queue. Every call comes back once, with its own result; what the service cannot
 serve comes back as an infrastructure failure the client retries. One redis-server and one API for the module, on
 free loopback ports; workers are real `python -m rstar2.sandbox.service worker` processes."""
