@@ -1,4 +1,4 @@
-"""RL on any answer type and the reward registry (issue 34): rl_data.sources[].answer_type carried through the
+"""RL on any answer type and the reward registry: rl_data.sources[].answer_type carried through the
 funnel to the RL reward (graded symbolically for ``math``), and ``rl.reward`` naming a user function that the RL
 step, GRPO-RoC selection and the DAG-time check all use."""
 
