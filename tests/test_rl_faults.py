@@ -1,4 +1,4 @@
-"""Fault injection into tiny RL stages (issue 38): sandbox zygotes killed mid-call, a sandbox that stops serving,
+"""Fault injection into tiny RL stages: sandbox zygotes killed mid-call, a sandbox that stops serving,
 a grading call that hangs, a grading pool that stops answering, NaN losses. Each stage runs `rstar2 rl` (the CLI:
 one-line error, exit status 3) in a subprocess on a tiny random model, through the real agent loop, sandbox client
 and pool, grading pool and trainer; only the policy is scripted (turn 1 calls the tool, turn 2 answers, right for
