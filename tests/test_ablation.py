@@ -1,4 +1,4 @@
-"""The GRPO / GRPO-RoC ablation is fair (issue 23): on equal inputs both modes put the same rows into the
+"""The GRPO / GRPO-RoC ablation is fair: on equal inputs both modes put the same rows into the
 batch and TRL's dapo loss normalises them the same way; the old GRPO rule (equal-reward groups kept with zero
 advantage) would not have."""
 
@@ -153,7 +153,7 @@ def test_ablation_table_reads_per_seed_values_and_means():
 
 
 def test_ablation_summary_counts_kept_positives_with_failed_calls_and_writes_the_reports_section(tmp_path):
-    """benchmarks/ablation_summary.py, the source of the README's ablation table: positives that entered the loss
+    """benchmarks/ablation_summary.py, the source of docs/measurements/ablation.md: positives that entered the loss
     and how many hold a failed call, read from rollouts.jsonl; the report's section and figure from the folders."""
     import importlib.util
     import json
