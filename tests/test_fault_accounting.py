@@ -1,4 +1,4 @@
-"""The pieces of fault handling one by one (issue 38): which failures count as the infrastructure's, the sandbox
+"""The pieces of fault handling one by one: which failures count as the infrastructure's, the sandbox
 client's retries on a real pool whose zygote is really killed, the RL step's exclusion and counts, the stop line,
 the grading pool's timeouts and restarts, the non-finite guard, and the report's fault table. The whole stages under
 injected faults: tests/test_rl_faults.py; the HTTP service: tests/test_sandbox_service_faults.py."""
