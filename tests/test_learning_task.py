@@ -1,4 +1,4 @@
-"""The bundled learning task (issue 9): the arithmetic generator and its bundled files, the string tool-use SFT
+"""The bundled learning task: the arithmetic generator and its bundled files, the string tool-use SFT
 source, and the held-out summary used during RL."""
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def test_heldout_by_kind_joins_logged_ids_to_the_data_files_kinds(tmp_path):
 
 
 def test_recovery_rows_show_the_real_sandbox_output_of_a_failed_then_a_fixed_call(tmp_path):
-    """Issue 23: every recovery demonstration's tool responses are what the RL loop shows when the calls are run
+    """Every recovery demonstration's tool responses are what the RL loop shows when the calls are run
     again here (the sandbox's output, or the rollout parser's error for a call that is not valid JSON), the first
     is a real failure of the intended kind, the reason sentence names the exception the model saw, and the
     corrected call is self-contained (no standard input) and prints the boxed answer."""
