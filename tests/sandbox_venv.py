@@ -1,4 +1,4 @@
-"""A small virtual environment made on the spot for sandbox tests and benchmarks (issue 26): a venv placed
+"""A small virtual environment made on the spot for sandbox tests and benchmarks: a venv placed
 wherever the caller says (under /tmp, behind a symlink, under a path with a space) holding only the named
 packages, hard-linked from this environment (copied when the link crosses file systems)."""
 
