@@ -1,4 +1,4 @@
-"""Per-stage data (issue 19): each rl_data source lists the RL stages that train on it (a curriculum); an enabled
+"""Per-stage data: each rl_data source lists the RL stages that train on it (a curriculum); an enabled
 stage no source trains fails when the workflow parses the config, and stage 3 mines its hard problems from its own
 sources. The curriculum lives on the sources, so a --configfile that replaces rl_data.sources replaces it too."""
 
