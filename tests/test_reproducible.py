@@ -1,4 +1,4 @@
-"""Reproducible mode (issue 22): batches that do not depend on tool-call timing, streams derived from the seed,
+"""Reproducible mode: batches that do not depend on tool-call timing, streams derived from the seed,
 and the run comparison users check a run with (rstar2.reproduce). The whole-workflow check (two tiny runs with
 one seed are identical, another seed differs) is in tests/test_workflow.py; the real-rollout resume check in
 tests/test_rl_resume.py."""
