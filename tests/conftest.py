@@ -9,8 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 def copy_workflow(dest: Path) -> Path:
     """A scratch copy of the workflow in ``dest`` (``rstar2.reproduce.scratch_copy``: Snakefile, config, rules,
     configs, profiles; data and envs linked) for every test that runs Snakemake: a plan made in the repository
-    folder would depend on the user's own ``results/`` (after ``make run`` a finished stage drops out of it;
-    issue 17)."""
+    folder would depend on the user's own ``results/`` (after ``make run`` a finished stage drops out of it)."""
     from rstar2.reproduce import scratch_copy
 
     return scratch_copy(REPO, dest)
