@@ -1,12 +1,12 @@
-"""Keep the source of a measured run and regenerate the README's numbers from it.
+"""Keep the source of a measured run and regenerate the numbers the docs quote from it.
 
     python scripts/measurements.py save NAME [--wall-s S] [--command CMD]   # after a run: results/, logs/ -> docs/measurements/NAME
-    python scripts/measurements.py table NAME                             # the README's row and per-stage times, from the kept files
+    python scripts/measurements.py table NAME                             # the run's row and per-stage times, from the kept files
 
-``save`` copies what the README quotes (each evaluated model's ``summary.json`` and held-out ``per_problem.jsonl``,
+``save`` copies what the docs quote (each evaluated model's ``summary.json`` and held-out ``per_problem.jsonl``,
 the RL stages' ``metrics.jsonl``, the stages' ``logs/benchmarks`` timings, the report's ``summary.md``, the run's
 manifest) with the machine (CPU model and the flags that decide precision and speed), the commit and the command
-into ``docs/measurements/NAME``; ``table`` reads only those files, so anyone can check a README number against its
+into ``docs/measurements/NAME``; ``table`` reads only those files, so anyone can check a quoted number against its
 source. ``scripts/measure_run.sh`` does both around a timed ``make run``.
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from rstar2.report.lead import _ci, headline  # noqa: E402  (the report's own numbers, not a second computation)
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-# set to lower PyTorch's kernels to what an AVX2-only CPU has (README "Without native bf16"): part of the machine
+# set to lower PyTorch's kernels to what an AVX2-only CPU has (docs/measurements/bf16-cpu.md): part of the machine
 ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 MODEL_ORDER = ("base", "sft", "rl_stage1", "rl_stage2", "rl_stage3")   # the workflow's evaluated models, in order
 
