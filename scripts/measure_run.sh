@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A timed `make run` whose source is kept: docs/measurements/NAME (scripts/measurements.py save), then the
-# README's row regenerated from it (scripts/measurements.py table). Run from a fresh clone for set-up included.
+# its row regenerated from it (scripts/measurements.py table). Run from a fresh clone for set-up included.
 #   scripts/measure_run.sh NAME [make arguments...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
