@@ -13,7 +13,7 @@ the FLOP/s used for prefill and printed for the update phase.
 
 The workload (lengths, tool calls) is measured, not predicted: this checks the model's rate-to-time arithmetic, not
 ``distributed.estimate.response_fill``. The update phase is not compared with a real RL update here (the default
-model's rewards are all 0 at the start, so a real step skips its update; README "Time estimate").
+model's rewards are all 0 at the start, so a real step skips its update; docs/scale.md, "Time estimate").
 
     python benchmarks/bench_throughput_probe.py [--config config.yaml] [--rounds 2] [--model DIR]
 
