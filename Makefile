@@ -1,5 +1,5 @@
 # make run   : set up the virtual environment (pinned packages) and run the whole pipeline on config.yaml
-# make test  : set up and run the test suite (unit tests + the tiny end-to-end workflow)
+# make test  : set up and run the test suite (unit tests + the tiny end-to-end workflow, the docs site in strict mode)
 # Both first install missing Debian packages (scripts/system_deps.sh: bubblewrap; for tests also redis-server, chromium).
 PYTHON ?= python3
 VENV   ?= .venv
@@ -19,10 +19,15 @@ $(VENV)/.installed: requirements.txt pyproject.toml scripts/install_python.sh
 # engine (see the file: wheels that do not load against the CPU torch are left out, and nothing may move a pin
 # of requirements.txt). `make run` does not need it (the CPU default engine is hf; 37 s of set-up on 2 cores);
 # GPU machines take the gpu extra instead.
-setup-test: $(VENV)/.installed-vllm
+setup-test: $(VENV)/.installed-vllm $(VENV)/.installed-docs
 
 $(VENV)/.installed-vllm: $(VENV)/.installed requirements-vllm.txt
 	$(BIN)/pip install --quiet --no-deps -r requirements-vllm.txt
+	touch $@
+
+# MkDocs for the documentation site, which tests/test_docs.py builds in strict mode (pinned, no-deps as above).
+$(VENV)/.installed-docs: $(VENV)/.installed requirements-docs.txt
+	$(BIN)/pip install --quiet --no-deps -r requirements-docs.txt
 	touch $@
 
 run: setup
