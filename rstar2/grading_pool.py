@@ -324,8 +324,9 @@ def _pool() -> GradingPool:
         return _POOL
 
 
-def grade_many(pairs: list[tuple[str | None, str]], timeout_s: float = 5.0) -> list[dict]:
-    """Grade ``(pred, gold)`` pairs with :func:`rstar2.grading.grade` in killable workers.
+def grade_many(pairs: list[tuple], timeout_s: float = 5.0) -> list[dict]:
+    """Grade ``(pred, gold)`` or ``(pred, gold, answer_type)`` items with :func:`rstar2.grading.grade` in
+    killable workers (answer_type as in :data:`rstar2.grading.ANSWER_TYPES`, default ``"math"``).
 
     Returns one dict per pair, in order: ``{"score": float, "status": "ok" | "timeout" | "error",
     "duration_s": float}`` (grading time) plus ``"error"`` (message) when status is not ok; timeouts and errors
@@ -333,7 +334,7 @@ def grade_many(pairs: list[tuple[str | None, str]], timeout_s: float = 5.0) -> l
     A bad gold (``ValueError`` from ``grade``) is reported as status ``error``, not raised.
     """
     res = []
-    for status, value, secs in _pool().map("grade", [(p, g) for p, g in pairs], timeout_s):
+    for status, value, secs in _pool().map("grade", [tuple(it) for it in pairs], timeout_s):
         d = {"score": float(value) if status == "ok" else 0.0, "status": status, "duration_s": round(secs, 4)}
         if status != "ok":
             d["error"] = str(value)

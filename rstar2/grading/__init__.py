@@ -7,18 +7,34 @@ format, tool-error or length term. Grading runs in this order, and the first rul
    ``<answer>`` block, else of the turn; tool calls and responses removed; never merged; an unfinished last
    box is no answer.
 2. No answer, or an empty one: 0.
-3. Multiple-choice gold (a letter A–E, ``(B)``, ``\\text{(B)}``): compare the letters (:mod:`.choice`).
-4. Both sides normalise to integers (``$``, ``\\text{}``, spaces, thousands separators in proper groups of
+3. Notations are read first, on both sides alike (:mod:`.notation`): a repeating decimal
+   (``0.1\\overline{6}``) is the fraction it denotes, and ``6.02e23`` (a mantissa, ``e``, an exponent, no
+   space) is scientific notation, never Euler's number.
+4. Multiple-choice gold (a letter A–E, ``(B)``, ``\\text{(B)}``): compare the letters; the answer may be a
+   phrase around one letter (``The answer is (B)``; :mod:`.choice`).
+5. Base-n numerals (``1011_2``, ``2A_{16}``) are compared by value, never by their digits across bases; bare
+   digits are read in the base the gold states (:mod:`.bases`).
+6. Units (:mod:`.units`): when both sides carry one (``5 \\text{ cm}``, ``30^\\circ``, ``\\$5``, ``28\\%``)
+   they must be the same unit, or the answer is wrong; then only the values are compared (a unit on one side
+   only does not decide). No conversion: ``5 m`` is not ``500 cm``.
+7. Both sides normalise to integers (``$``, ``\\text{}``, spaces, thousands separators in proper groups of
    three, unicode minus, leading zeros, a trailing ``.0``): compare exactly. ``12,34`` is *not* an integer.
    For an ``integer`` benchmark the answer must be an integer (:mod:`.integer`): ``x = 25`` counts, an
    unevaluated expression (``505 * 26``, ``2^{3}``, ``5!``) scores 0.
-5. Both sides are rationals written as numbers (``0.5``, ``1/2``, ``\\frac{1}{2}``, ``1.5e-3``): compared
-   exactly with :class:`fractions.Fraction`, except that two plain decimals (neither side exact) are equal
-   within the relative tolerance :data:`DECIMAL_RTOL` (1e-9).
-6. Both sides parse to exact values or structures (:mod:`.symbolic`): equal only if the difference is
-   exactly 0, element by element for intervals, tuples, sets and matrices; no float tolerance.
-7. Otherwise Math-Verify 0.9.0 ``verify(gold, pred)``, **gold first**. Every exception and Math-Verify's
-   ``TimeoutException`` (a ``BaseException``) gives 0.
+8. Both sides are rationals written as numbers (``0.5``, ``1/2``, ``\\frac{1}{2}``, ``1.5e-3``,
+   ``1.5 \\times 10^{-3}``): compared exactly with :class:`fractions.Fraction`, except that two decimals
+   (neither side exact) are equal within the relative tolerance :data:`DECIMAL_RTOL` (1e-9), and that a decimal
+   of 15 to 17 significant digits equals a non-integer exact value when it reads as the float64 nearest it
+   (``0.6666666666666666`` = 2/3, what ``print(2/3)`` shows; :mod:`.floats`).
+9. Both sides parse to exact values or structures (:mod:`.symbolic`): equal only if the difference is
+   exactly 0, element by element for intervals, tuples, sets and matrices (the float64 rule of 8 for a
+   decimal standing alone); no float tolerance.
+10. Otherwise Math-Verify 0.9.0 ``verify(gold, pred)``, **gold first**. Every exception and Math-Verify's
+    ``TimeoutException`` (a ``BaseException``) gives 0.
+
+The same function grades RL rewards, hard-problem mining and evaluation (all through :func:`score_trajectory`
+in :mod:`rstar2.grading_pool`), so one rule set decides everywhere; docs/grading.md states the rules with
+examples.
 
 An unparseable gold answer (empty, prose such as ``see figure``, or nothing Math-Verify can read) is a data
 error: :func:`grade` raises ``ValueError`` naming it and never rewards 1. Data preparation should reject such
@@ -33,13 +49,19 @@ from __future__ import annotations
 
 import re
 
+from fractions import Fraction
+
 from .answers import last_boxed
+from .bases import base_decision
 from .choice import choice_letter, letters_match
 from .extraction import extract_final_answer, final_turn_text
+from .floats import is_float_print, same_double
 from .integer import integer_tail
 from .normalize import as_fraction, as_int, as_letter, clean, is_decimal, light, normalize_answer
+from .notation import rewrite
+from .units import split_unit
 from .symbolic import (DECIMAL_RTOL, PARSE_TIMEOUT_S, VERIFY_TIMEOUT_S, TimeoutException, decimals_close,
-                       exact_decision, math_verify_equal, parse_gold, timeout)
+                       exact_decision, math_verify_equal, parse_gold, printed_equal, timeout)
 
 #: How a gold answer is read and compared; benchmarks declare one (rstar2.data.benchmarks).
 #: ``math``: the general rules above (a letter gold is compared as a letter); ``integer``: the gold must be an
@@ -91,7 +113,7 @@ def _gold_problem(gold, answer_type: str = "math") -> str | None:
         return None if choice_letter(g) is not None else "a multiple-choice gold must be one letter A-Z"
     if answer_type == "integer":
         return None if as_int(g) is not None else "gold of an integer-answer benchmark is not an integer"
-    if as_letter(g) is not None or as_fraction(g) is not None:
+    if as_letter(g) is not None or as_fraction(rewrite(light(g))) is not None:
         return None
     if _looks_like_prose(g):
         return "gold answer is prose, not a math answer"
@@ -133,7 +155,7 @@ def grade_choice(pred: str | None, gold: str) -> float:
 
 
 def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
-    """1.0 if ``pred`` (an extracted final answer) is equivalent to ``gold``, else 0.0 (rules 2-7 above).
+    """1.0 if ``pred`` (an extracted final answer) is equivalent to ``gold``, else 0.0 (rules 2-10 above).
 
     Any exception or Math-Verify timeout during the comparison gives 0.0; the reward never defaults to 1.
     ``answer_type="choice"`` grades on the option letter only (:func:`grade_choice`).
@@ -148,15 +170,25 @@ def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
     if pred is None:
         return 0.0
     try:
-        p = clean(pred)
+        lp, lg = rewrite(light(pred)), rewrite(light(str(gold)))
+        p, g = clean(lp), clean(lg)
         if not p:
             return 0.0
-        g = clean(str(gold))
         gl = as_letter(g)
         if gl is not None:
-            return float(as_letter(p) == gl)
+            return float(choice_letter(p, phrase=True) == gl)
         if p == g:
             return 1.0
+        based = base_decision(p, g, as_int(g))
+        if based is not None:
+            return float(based)
+        (lp, p_unit), (lg, g_unit) = split_unit(lp), split_unit(lg)
+        if p_unit and g_unit and p_unit != g_unit:     # () is a label, not a unit
+            return 0.0
+        if p_unit is not None or g_unit is not None:
+            p, g = clean(lp), clean(lg)
+            if p == g:
+                return 1.0
         gi, pi = as_int(g), as_int(p)
         if gi is not None and pi is not None:
             return float(gi == pi)
@@ -166,15 +198,29 @@ def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
                 return decided
         gf, pf = as_fraction(g), as_fraction(p)
         if gf is not None and pf is not None:
-            if is_decimal(g) and is_decimal(p):
-                return float(decimals_close(gf, pf))
-            return float(gf == pf)
-        decided = exact_decision(light(pred), light(str(gold)))
+            return float(_rationals_equal(pf, gf, is_decimal(p), is_decimal(g)))
+        if pf is not None and is_float_print(pf) and is_decimal(p) and printed_equal(pf, lg, other_is_gold=True):
+            return 1.0
+        if gf is not None and is_float_print(gf) and is_decimal(g) and printed_equal(gf, lp, other_is_gold=False):
+            return 1.0
+        decided = exact_decision(lp, lg)
         if decided is not None:
             return float(decided)
-        return float(math_verify_equal(light(pred), light(str(gold))))
+        return float(math_verify_equal(lp, lg))
     except (Exception, TimeoutException):       # TimeoutException derives from BaseException
         return 0.0
+
+
+def _rationals_equal(pf: Fraction, gf: Fraction, p_decimal: bool, g_decimal: bool) -> bool:
+    """Rule 8: two decimals within :data:`DECIMAL_RTOL`; a decimal against an exact value by the float64 rule
+    or exactly; two exact values exactly."""
+    if p_decimal and g_decimal:
+        return decimals_close(gf, pf)
+    if pf == gf:
+        return True
+    if p_decimal != g_decimal:
+        return same_double(pf, gf) if p_decimal else same_double(gf, pf)
+    return False
 
 
 def score_trajectory(final_turn: str, gold: str, *, on_bad_gold: str = "raise",

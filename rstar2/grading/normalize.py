@@ -11,12 +11,14 @@ import re
 from fractions import Fraction
 
 from .answers import MATH_DELIMITERS, matching_brace, normalize_integer_answer
+from .notation import has_fraction_digits, scientific_value
 
 _MINUS = {"\u2212": "-", "\ufe63": "-", "\uff0d": "-"}
 _TEXT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
-#: A decimal number with a fractional part, optionally in scientific notation (``1.5e-3``).
-DECIMAL_RE = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_SCI_RE = re.compile(r"[+-]?\d+[eE][+-]?\d+")
+# A decimal number with a fractional part (scientific notation: rstar2.grading.notation).
+_PLAIN_DECIMAL_RE = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
+# "2e - 3", "2 e-3": spaced, so arithmetic with Euler's number, never scientific notation
+_SPACED_E_RE = re.compile(r"\d\s+[eE]|[eE]\s+[+-]?\s*\d")
 _SLASH_RE = re.compile(r"([+-]?)\(?([+-]?\d+)\)?/\(?(\d+)\)?")
 _FRAC_RE = re.compile(r"([+-]?)\\[dt]?frac\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
 _LETTER_RE = re.compile(r"\(?\s*([A-E])\s*\)?\.?")
@@ -69,14 +71,22 @@ def as_int(s: str) -> int | None:
 
 
 def as_fraction(s: str) -> Fraction | None:
-    """The exact rational ``s`` spells (integer, decimal, ``1.5e-3``, ``a/b``, ``\\frac{a}{b}``), or None."""
+    """The exact rational ``s`` spells (integer, decimal, scientific notation in either form: ``1.5e-3``,
+    ``1.5 \\times 10^{-3}``; ``a/b``, ``\\frac{a}{b}``), or None (also for an exponent beyond
+    :data:`rstar2.grading.notation.MAX_EXPONENT`)."""
     n = as_int(s)
     if n is not None:
         return Fraction(n)
-    t = clean(s).replace(" ", "")
+    c = clean(s)
+    if _SPACED_E_RE.search(c):
+        return None
+    t = c.replace(" ", "")
     try:
-        if DECIMAL_RE.fullmatch(t) or _SCI_RE.fullmatch(t):
+        if _PLAIN_DECIMAL_RE.fullmatch(t):
             return Fraction(t)
+        sci = scientific_value(t)
+        if sci is not None:
+            return sci
         m = _SLASH_RE.fullmatch(t)
         if m:
             sign, num, den = m.groups()
@@ -96,10 +106,14 @@ def as_fraction(s: str) -> Fraction | None:
 
 
 def is_decimal(s: str) -> bool:
-    """True when ``s`` is a plain decimal with a fractional part (``3.14``, ``-0.5``, ``1.5e-3``): a value a
-    problem may give approximately. Integers, fractions and every symbolic form are exact."""
-    t = clean(s).replace(" ", "")
-    return bool(DECIMAL_RE.fullmatch(t)) and as_int(t) is None
+    """True when ``s`` is a plain decimal with a fractional part (``3.14``, ``-0.5``), also in scientific
+    notation (``1.5e-3``, ``1.5 \\times 10^{-3}``): a value a problem may give approximately. Integers,
+    fractions, repeating decimals and every symbolic form are exact."""
+    c = clean(s)
+    t = c.replace(" ", "")
+    if _SPACED_E_RE.search(c) or as_int(t) is not None:
+        return False
+    return bool(_PLAIN_DECIMAL_RE.fullmatch(t)) or has_fraction_digits(t)
 
 
 def as_letter(s: str) -> str | None:

@@ -19,7 +19,9 @@ sides are exact values or expressions, equality is decided exactly:
   interval ``(a, b)`` against a 2-tuple or 2-set is compared as the pair;
 * two plain decimals (``3.14`` vs ``3.1400001``; neither side exact, a value the problem may give
   approximately) are equal within a **relative tolerance of 1e-9**: :data:`DECIMAL_RTOL`, applied in
-  :func:`rstar2.grading.grade` before this module is reached. No other tolerance exists.
+  :func:`rstar2.grading.grade` before this module is reached. No other tolerance exists;
+* a decimal of 15 to 17 significant digits standing alone (the whole answer, or one element of a structure)
+  equals a non-integer exact value when it reads as the float64 nearest that value (:mod:`.floats`).
 
 Anything else (inequalities, booleans, text Math-Verify reads as something other than the above, or two
 sides of different kinds) is left to ``verify(gold, pred)``, **gold first**. Every exception and
@@ -41,6 +43,8 @@ import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 from sympy.core.evalf import PrecisionExhausted
+
+from .floats import is_float_print, same_double
 
 #: Seconds for one Math-Verify parse / one verify call (main thread only; ``signal.alarm`` granularity is 1 s).
 PARSE_TIMEOUT_S = 5
@@ -87,27 +91,45 @@ def _strip_percent(s: str) -> str:
     return s
 
 
-def _exact(obj):
+def _exact(obj) -> tuple[object, frozenset]:
     """``obj`` with every Float replaced by the rational its decimal digits spell (Math-Verify keeps the
-    digits of the text in the Float's precision, so ``str`` gives them back)."""
+    digits of the text in the Float's precision, so ``str`` gives them back), and the set of those rationals
+    that have a float64 print's 15 to 17 significant digits (:mod:`.floats`)."""
     if isinstance(obj, sympy.MatrixBase):
-        return obj.applyfunc(_exact)
-    if isinstance(obj, sympy.Basic):
+        floats = set().union(*(e.atoms(sympy.Float) for e in obj)) if obj else set()
+    elif isinstance(obj, sympy.Basic):
         floats = obj.atoms(sympy.Float)
-        return obj.xreplace({f: sympy.Rational(str(f)) for f in floats}) if floats else obj
-    return obj
+    else:
+        return obj, frozenset()
+    if not floats:
+        return obj, frozenset()
+    exact = {f: sympy.Rational(str(f)) for f in floats}
+    printed = frozenset(r for r in exact.values() if is_float_print(Fraction(int(r.p), int(r.q))))
+    return (obj.applyfunc(lambda e: e.xreplace(exact)) if isinstance(obj, sympy.MatrixBase)
+            else obj.xreplace(exact)), printed
 
 
-def _first_sympy(parsed) -> object | None:
+def _first_sympy(parsed) -> tuple[object, frozenset] | None:
     for p in parsed or ():
         if isinstance(p, (sympy.Basic, sympy.MatrixBase)):
             return _exact(p)
     return None
 
 
-def expressions_equal(a: sympy.Expr, b: sympy.Expr) -> bool:
-    """Exact equality of two sympy expressions (module docstring): True only for a zero difference."""
+def _float_print_equal(a, b, printed: frozenset) -> bool:
+    """The float64 rule (:mod:`.floats`): one side a number a float64 print spelled, the other exact."""
+    if (a in printed) == (b in printed):
+        return False
+    dec, other = (a, b) if a in printed else (b, a)
+    return same_double(Fraction(int(dec.p), int(dec.q)), other)
+
+
+def expressions_equal(a: sympy.Expr, b: sympy.Expr, printed: frozenset = frozenset()) -> bool:
+    """Exact equality of two sympy expressions (module docstring): True only for a zero difference, or by the
+    float64 rule when one of them is a number in ``printed`` (decimals of 15-17 digits, :mod:`.floats`)."""
     if a == b:
+        return True
+    if printed and _float_print_equal(a, b, printed):
         return True
     d = sympy.sympify(a - b).doit()
     if d == 0:
@@ -141,16 +163,16 @@ def _as_elements(obj) -> tuple[list, bool] | None:
     return None
 
 
-def _elements_equal(xs: list, ys: list, ordered: bool) -> bool | None:
+def _elements_equal(xs: list, ys: list, ordered: bool, printed: frozenset = frozenset()) -> bool | None:
     if len(xs) != len(ys):
         return False
     if ordered:
-        results = [structures_equal(x, y) for x, y in zip(xs, ys)]
+        results = [structures_equal(x, y, printed) for x, y in zip(xs, ys)]
         return None if None in results else all(results)
     left = list(ys)
     for x in xs:                            # set: every element matched by a distinct equal one
         for j, y in enumerate(left):
-            r = structures_equal(x, y)
+            r = structures_equal(x, y, printed)
             if r is None:
                 return None
             if r:
@@ -161,35 +183,36 @@ def _elements_equal(xs: list, ys: list, ordered: bool) -> bool | None:
     return True
 
 
-def structures_equal(a, b) -> bool | None:
+def structures_equal(a, b, printed: frozenset = frozenset()) -> bool | None:
     """Exact equality of two parsed answers, element by element; None when ``a`` and ``b`` are not kinds this
-    module decides (then Math-Verify does)."""
+    module decides (then Math-Verify does). ``printed``: numbers spelled by float64 prints (:mod:`.floats`),
+    which equal an exact element by the float64 rule."""
     if isinstance(a, sympy.Eq) != isinstance(b, sympy.Eq):
         eq, other = (a, b) if isinstance(a, sympy.Eq) else (b, a)
         if eq.lhs.is_Symbol:                # "x = 5" against "5": its value
-            return structures_equal(eq.rhs, other)
+            return structures_equal(eq.rhs, other, printed)
         return None
     if isinstance(a, sympy.Eq):
-        r = [structures_equal(a.lhs, b.lhs), structures_equal(a.rhs, b.rhs)]
+        r = [structures_equal(a.lhs, b.lhs, printed), structures_equal(a.rhs, b.rhs, printed)]
         return None if None in r else all(r)
     if isinstance(a, sympy.MatrixBase) or isinstance(b, sympy.MatrixBase):
         if not (isinstance(a, sympy.MatrixBase) and isinstance(b, sympy.MatrixBase)):
             return None
-        return a.shape == b.shape and _elements_equal(list(a), list(b), ordered=True)
+        return a.shape == b.shape and _elements_equal(list(a), list(b), True, printed)
     if isinstance(a, sympy.Interval) and isinstance(b, sympy.Interval):
         return (a.left_open == b.left_open and a.right_open == b.right_open
-                and expressions_equal(a.start, b.start) and expressions_equal(a.end, b.end))
+                and expressions_equal(a.start, b.start, printed) and expressions_equal(a.end, b.end, printed))
     if isinstance(a, sympy.Union) and isinstance(b, sympy.Union):
-        return _elements_equal(list(a.args), list(b.args), ordered=False)
+        return _elements_equal(list(a.args), list(b.args), False, printed)
     ea, eb = _as_elements(a), _as_elements(b)
     if ea is not None and eb is not None:
-        return _elements_equal(ea[0], eb[0], ordered=ea[1] and eb[1])
+        return _elements_equal(ea[0], eb[0], ea[1] and eb[1], printed)
     if isinstance(a, sympy.FiniteSet) and len(a) == 1 and isinstance(b, sympy.Expr):
-        return structures_equal(next(iter(a)), b)   # {3} against 3
+        return structures_equal(next(iter(a)), b, printed)   # {3} against 3
     if isinstance(b, sympy.FiniteSet) and len(b) == 1 and isinstance(a, sympy.Expr):
-        return structures_equal(a, next(iter(b)))
+        return structures_equal(a, next(iter(b)), printed)
     if isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr):
-        return expressions_equal(a, b)
+        return expressions_equal(a, b, printed)
     return None
 
 
@@ -201,7 +224,15 @@ def exact_decision(pred: str, gold: str) -> bool | None:
     p = _first_sympy(parse_pred(_strip_percent(pred), t))
     if g is None or p is None:
         return None
-    return structures_equal(g, p)
+    return structures_equal(g[0], p[0], g[1] | p[1])
+
+
+def printed_equal(decimal: Fraction, other: str, other_is_gold: bool) -> bool:
+    """The float64 rule (:mod:`.floats`) for a whole answer that is a decimal (``1.7320508075688772e-05``)
+    against the other side, a lightly cleaned string parsed as the gold or the prediction."""
+    t = timeout(PARSE_TIMEOUT_S)
+    x = _first_sympy(parse_gold(other, t) if other_is_gold else parse_pred(other, t))
+    return x is not None and isinstance(x[0], sympy.Expr) and same_double(decimal, x[0])
 
 
 def math_verify_equal(pred: str, gold: str) -> bool:
@@ -215,5 +246,5 @@ def math_verify_equal(pred: str, gold: str) -> bool:
 
 
 __all__ = ["DECIMAL_RTOL", "PARSE_TIMEOUT_S", "TimeoutException", "VERIFY_TIMEOUT_S", "decimals_close",
-           "exact_decision", "expressions_equal", "math_verify_equal", "parse_gold", "structures_equal",
-           "timeout"]
+           "exact_decision", "expressions_equal", "math_verify_equal", "parse_gold", "printed_equal",
+           "structures_equal", "timeout"]
