@@ -60,10 +60,13 @@ def _resolve(schema: dict, node: dict) -> dict:
 
 
 def _object_branch(schema: dict, node: dict) -> tuple[dict | None, bool]:
-    """The object branch of a ``oneOf``/``anyOf`` (``null`` or an object) and whether null is allowed; an object
-    given as a ``$ref`` to another top-level key (label_verification.model -> model) is not expanded again."""
+    """The object branch of a ``oneOf``/``anyOf`` of ``null`` or an object, and whether null is allowed. An object
+    given as a ``$ref`` to another top-level key (label_verification.model -> model) is not expanded again, nor is
+    one beside a scalar form (``evaluate.limit``: a number or a mapping): such a key is one row."""
     branches = node.get("oneOf") or node.get("anyOf") or []
     nullable = any(b.get("type") == "null" for b in branches)
+    if sum(b.get("type") != "null" for b in branches) > 1:
+        return None, nullable
     for b in branches:
         if b.get("$ref", "").startswith("#/properties/"):
             return None, nullable

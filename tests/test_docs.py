@@ -54,8 +54,10 @@ def _schema_keys(schema: dict) -> dict[str, dict]:
 
     def walk(node, prefix):
         node = resolve(node)
-        for branch in node.get("oneOf", []):
-            if not branch.get("$ref", "").startswith("#/properties/") and resolve(branch).get("properties"):
+        branches = node.get("oneOf", [])
+        for branch in branches:   # null or an object: the object's keys; a number or an object: one key
+            if (len(branches) == 2 and {"type": "null"} in branches and resolve(branch).get("properties")
+                    and not branch.get("$ref", "").startswith("#/properties/")):
                 node = resolve(branch)
         for name, sub in node.get("properties", {}).items():
             path = f"{prefix}.{name}" if prefix else name
