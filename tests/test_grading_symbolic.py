@@ -1,4 +1,4 @@
-"""Exact symbolic grading (issue 25): a table of equal pairs and near-misses, graded through the killable
+"""Exact symbolic grading: a table of equal pairs and near-misses, graded through the killable
 grading workers (grading_pool.score_many) as evaluation does. No near-miss may score 1, every equal pair
 must score 1, and every item must come back within its per-item deadline (status ok, not timeout).
 
