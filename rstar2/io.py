@@ -1,6 +1,6 @@
 """Small I/O helpers shared by every stage: JSON Lines, atomic writes and the stage manifest.
 
-The stage contract (README.md): a stage writes everything into ``results/<stage>/``
+The stage contract (docs/pipeline.md): a stage writes everything into ``results/<stage>/``
 and writes ``manifest.json`` last, atomically, so a half-written stage never looks finished.
 """
 
