@@ -50,6 +50,7 @@ UNITS = [
     ("10 \\text{ cm}^2", "10 \\text{ square centimeters}", 1.0),
     ("3 \\text{ m/s}", "3 \\text{ meters per second}", 1.0),
     ("\\frac{1}{2} \\text{ m}", "0.5 \\text{ m}", 1.0),
+    ("0.0025 \\text{ m}", "2.5 \\times 10^{-3} \\text{ m}", 1.0),    # the exponent stays with the value
     ("5", "5 \\text{ cm}", 1.0),                # a unit on one side only: the number decides
     ("5 \\text{ cm}", "5", 1.0),
     ("9 \\text{ values}", "9 \\text{ solutions}", 1.0),  # words outside the unit table are labels, not units
@@ -67,6 +68,7 @@ UNITS = [
     ("28\\%", "28 \\text{ cm}", 0.0),
     ("9 \\text{ values}", "8 \\text{ values}", 0.0),
     ("4 \\text{ feet}", "4 \\text{ yards}", 0.0),
+    ("2.5 \\times 10^{-3} \\text{ m}", "2.5 \\times 10^{-3} \\text{ s}", 0.0),
 ]
 
 SCIENTIFIC = [
@@ -79,6 +81,7 @@ SCIENTIFIC = [
     ("1000", "1e3", 1.0),
     ("1e3", "1000", 1.0),
     ("25000", "2.5 \\times 10^4", 1.0),
+    ("10^{5}", "1e5", 1.0),
     ("(1.5e-3, 2)", "(\\frac{3}{2000}, 2)", 1.0),    # inside a tuple too
     ("6.02 \\times 10^{23}", "6.02e22", 0.0),
     ("6.02e23", "6.02 \\times 10^{22}", 0.0),

@@ -179,7 +179,8 @@ def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
             return float(choice_letter(p, phrase=True) == gl)
         if p == g:
             return 1.0
-        based = base_decision(p, g, as_int(g))
+        gi = as_int(g)
+        based = base_decision(p, g, gi)
         if based is not None:
             return float(based)
         (lp, p_unit), (lg, g_unit) = split_unit(lp), split_unit(lg)
@@ -189,16 +190,19 @@ def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
             p, g = clean(lp), clean(lg)
             if p == g:
                 return 1.0
-        gi, pi = as_int(g), as_int(p)
+            if g_unit is not None:
+                gi = as_int(g)
+        pi = as_int(p)
         if gi is not None and pi is not None:
             return float(gi == pi)
         if answer_type == "integer":
             decided = integer_tail(p, gi)
             if decided is not None:
                 return decided
-        gf, pf = as_fraction(g), as_fraction(p)
+        gf = Fraction(gi) if gi is not None else as_fraction(g)
+        pf = as_fraction(p)
         if gf is not None and pf is not None:
-            return float(_rationals_equal(pf, gf, is_decimal(p), is_decimal(g)))
+            return float(_rationals_equal(pf, gf, p, None if gi is not None else g))
         if pf is not None and is_float_print(pf) and is_decimal(p) and printed_equal(pf, lg, other_is_gold=True):
             return 1.0
         if gf is not None and is_float_print(gf) and is_decimal(g) and printed_equal(gf, lp, other_is_gold=False):
@@ -211,13 +215,14 @@ def grade(pred: str | None, gold: str, answer_type: str = "math") -> float:
         return 0.0
 
 
-def _rationals_equal(pf: Fraction, gf: Fraction, p_decimal: bool, g_decimal: bool) -> bool:
-    """Rule 8: two decimals within :data:`DECIMAL_RTOL`; a decimal against an exact value by the float64 rule
-    or exactly; two exact values exactly."""
-    if p_decimal and g_decimal:
-        return decimals_close(gf, pf)
+def _rationals_equal(pf: Fraction, gf: Fraction, p: str, g: str | None) -> bool:
+    """Rule 8 for the rationals ``p`` and ``g`` spell: two decimals within :data:`DECIMAL_RTOL`; a decimal against an
+    exact value by the float64 rule or exactly; two exact values exactly. ``g`` None: the gold is an integer."""
     if pf == gf:
         return True
+    p_decimal, g_decimal = is_decimal(p), g is not None and is_decimal(g)
+    if p_decimal and g_decimal:
+        return decimals_close(gf, pf)
     if p_decimal != g_decimal:
         return same_double(pf, gf) if p_decimal else same_double(gf, pf)
     return False

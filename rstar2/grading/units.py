@@ -61,9 +61,9 @@ def _unit_text(text: str) -> bool:
     return bool(re.fullmatch(r"[\sA-Za-z/.°%$()-]*", bare) and re.search(r"[A-Za-z°%$]", bare))
 
 
-def _tail_tokens(s: str) -> tuple[str, list[tuple[str, str]]]:
-    """Peel unit tokens off the end of ``s``: (the rest, the tokens left to right)."""
-    tokens: list[tuple[str, str]] = []
+def _tail_tokens(s: str) -> list[tuple[str, str, int]]:
+    """Peel unit tokens off the end of ``s``: (kind, text, start in ``s``) left to right."""
+    tokens: list[tuple[str, str, int]] = []
     rest = s.rstrip()
     while rest:
         for kind, pat in _TAIL:
@@ -77,9 +77,9 @@ def _tail_tokens(s: str) -> tuple[str, list[tuple[str, str]]]:
             break
         if kind == "text" and not _unit_text(text):
             break
-        tokens.insert(0, (kind, text))
+        tokens.insert(0, (kind, text, m.start()))
         rest = rest[:m.start()].rstrip()
-    return rest, tokens
+    return tokens
 
 
 def canonical_unit(tokens: list[tuple[str, str]]) -> tuple | None:
@@ -144,11 +144,11 @@ def split_unit(s: str) -> tuple[str, tuple | None]:
     whole = re.fullmatch(_TEXT, t)
     if whole and re.match(r"\s*[+-]?\d", whole.group(1)):
         t = whole.group(1).strip()              # \text{5 cm}: the whole answer in one text block
-    rest, tokens = _tail_tokens(t)
+    tokens = _tail_tokens(t)
     while tokens and tokens[0][0] in ("space", "sep", "exp"):
-        tokens.pop(0)                           # a unit starts with a name, not a separator
-    rest = re.sub(r"(?:\\[,;:! ]|~|\\quad|\s)+$", "", rest)
-    unit = canonical_unit((lead or []) + tokens) if (tokens or lead) else None
+        tokens.pop(0)       # a unit starts with a name: 10^{-3} \\text{ m} keeps its ^{-3} in the value
+    rest = re.sub(r"(?:\\[,;:! ]|~|\\quad|\s)+$", "", t[:tokens[0][2]] if tokens else t)
+    unit = canonical_unit((lead or []) + [tok[:2] for tok in tokens]) if (tokens or lead) else None
     if unit is None or not rest or not _VALUE_END.search(rest):
         return s, None
     return rest, unit      # () for a label: split off, but no unit to compare
