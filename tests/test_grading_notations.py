@@ -101,11 +101,13 @@ REPEATING = [
     ("\\frac{13}{11}", "1.\\overline{18}", 1.0),
     ("-\\frac{1}{3}", "-0.\\overline{3}", 1.0),
     ("\\frac{1}{3}", "0.\\bar{3}", 1.0),
+    ("\\frac{1}{3}", "0.\\dot{3}", 1.0),
     ("0.\\overline{3}", "0.\\overline{33}", 1.0),
     ("1", "0.\\overline{9}", 1.0),
     ("\\frac{\\sqrt{9}}{9}", "0.\\overline{3}", 1.0),     # against a symbolic gold
     ("(0.\\overline{3}, 1)", "(\\frac{1}{3}, 1)", 1.0),
     ("\\frac{1}{3}", "0.3", 0.0),
+    ("\\frac{1}{3}", "0.\\overline{3}4", 0.0),              # digits after the repeating block: no number
     ("0.\\overline{3}", "0.3333", 0.0),
     ("\\frac{1}{6}", "0.\\overline{16}", 0.0),
     ("0.1\\overline{6}", "0.\\overline{16}", 0.0),
@@ -192,3 +194,13 @@ def test_rewards_and_evaluation_grade_alike():
 def test_a_choice_gold_is_still_one_letter(gold):
     assert choice_letter(gold) == "C"
     assert not gold_is_valid("The answer is C", "choice")   # a phrase is read in answers, not accepted as a gold
+
+
+def test_a_numeral_whose_digits_do_not_fit_its_base_is_no_gold():
+    assert not gold_is_valid("1021_2") and gold_is_valid("1011_2") and gold_is_valid("a_{10}")
+
+
+@pytest.mark.parametrize("pred,want", [("\\text{(A)}", 1.0), ("The answer is A", 1.0), ("(A) 5 cm", 1.0),
+                                       ("A = 5", 0.0), ("B", 0.0), ("A or B", 0.0)])
+def test_a_letter_gold_of_a_math_benchmark_reads_the_same_letters(pred, want):
+    assert grade(pred, "A") == want

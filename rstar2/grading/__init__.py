@@ -52,7 +52,7 @@ import re
 from fractions import Fraction
 
 from .answers import last_boxed
-from .bases import base_decision
+from .bases import INVALID, base_decision, read_numeral
 from .choice import choice_letter, letters_match
 from .extraction import extract_final_answer, final_turn_text
 from .floats import is_float_print, same_double
@@ -115,6 +115,8 @@ def _gold_problem(gold, answer_type: str = "math") -> str | None:
         return None if as_int(g) is not None else "gold of an integer-answer benchmark is not an integer"
     if as_letter(g) is not None or as_fraction(rewrite(light(g))) is not None:
         return None
+    if read_numeral(clean(g)) == INVALID:
+        return "gold answer is a base-n numeral whose digits do not fit its base"
     if _looks_like_prose(g):
         return "gold answer is prose, not a math answer"
     if not _braces_balanced(g):   # Math-Verify reads "\\frac{5}{" as something, which no answer would equal

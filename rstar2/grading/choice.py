@@ -7,7 +7,7 @@ letter (:func:`choice_letter` with ``phrase=True``), read in this order:
 1. a cue word and the letter after it: ``The answer is (C)``, ``Answer: C``, ``Option C``, ``the correct choice
    is C``, ``I choose C``;
 2. else a letter in parentheses: ``(B) is the correct choice``;
-3. else the only capital letter standing alone: ``C is correct``.
+3. else the only capital letter standing alone in a phrase of words (``C is correct``; not ``A = 5``).
 
 A phrase that names two different letters at one step (``B or C``, ``A, B and C``, ``I think B``: ``I`` and
 ``B``) names none, and so does any phrase with a negation or a verdict against an option (``not C``, ``C is
@@ -28,6 +28,7 @@ _CUE_RE = re.compile(r"\b(?i:answers?|options?|choices?|choose|chose|select|pick
                      r"(?:\(\s*([A-Za-z])\s*\)|([A-Z])(?![A-Za-z0-9']))")
 _PAREN_RE = re.compile(r"\(\s*([A-Za-z])\s*\)")
 _LONE_RE = re.compile(r"(?<![A-Za-z0-9'\\])([A-Z])(?![A-Za-z0-9'])")
+_PROSE_RE = re.compile(r"[A-Za-z\s.,;:!?'()]+")
 _NEGATION_RE = re.compile(r"\b(?:not|no|never|none|neither|nor|except|incorrect|wrong|false)\b|n't", re.I)
 
 
@@ -44,7 +45,8 @@ def _phrase_letter(t: str) -> str | None:
     t = t.replace("*", " ")
     if _NEGATION_RE.search(t):
         return None
-    for letters in ([a or b for a, b in _CUE_RE.findall(t)], _PAREN_RE.findall(t), _LONE_RE.findall(t)):
+    lone = _LONE_RE.findall(t) if _PROSE_RE.fullmatch(t) else []    # "A = 5" is mathematics, not a choice
+    for letters in ([a or b for a, b in _CUE_RE.findall(t)], _PAREN_RE.findall(t), lone):
         one = _one(letters)
         if one is not False:
             return one

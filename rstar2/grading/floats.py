@@ -82,8 +82,10 @@ def nearest_double(x) -> float | None:
 
 def same_double(decimal: Fraction, exact) -> bool:
     """The float64 rule: ``decimal`` (15 to 17 significant digits) reads as the float64 nearest ``exact``."""
+    if not is_float_print(decimal):
+        return False
     target = nearest_double(exact)
-    return target is not None and is_float_print(decimal) and float(decimal) == target
+    return target is not None and float(decimal) == target
 
 
 __all__ = ["EVAL_DIGITS", "MAX_DIGITS", "MIN_DIGITS", "is_float_print", "nearest_double", "same_double",

@@ -21,8 +21,10 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-# "0.1\overline{6}", "1.\bar{3}", "0.\dot{3}": integer part, fixed digits, repeating digits.
-_REPEATING_RE = re.compile(r"(\d*)\.(\d*)\\(?:overline|bar|dot)\s*(?:\{\s*(\d+)\s*\}|(\d))")
+# "0.1\overline{6}", "1.\bar{3}", "0.\dot{3}": integer part, fixed digits, repeating digits (a dot over one digit
+# only; nothing may follow the repeating block).
+_REPEATING_RE = re.compile(r"(\d*)\.(\d*)(?:\\(?:overline|bar)\s*(?:\{\s*(\d+)\s*\}|(\d))"
+                           r"|\\dot\s*(?:\{\s*(\d)\s*\}|(\d)))(?!\s*\d)")
 # A programmer's float: starts a number (no letter, digit or point before it), ends one (none after it).
 _E_NOTATION_RE = re.compile(r"(?<![\w.])(\d+\.?\d*|\.\d+)[eE]([+-]?\d+)(?![\w.])")
 # The LaTeX form, after spaces are removed: mantissa, \times or \cdot (or *, ×, ·), 10^exponent.
@@ -44,7 +46,8 @@ def _fraction_latex(x: Fraction) -> str:
 
 
 def _repeating_sub(m: re.Match) -> str:
-    return _fraction_latex(repeating_value(m.group(1), m.group(2), m.group(3) or m.group(4)))
+    repeat = next(g for g in m.groups()[2:] if g is not None)
+    return _fraction_latex(repeating_value(m.group(1), m.group(2), repeat))
 
 
 def _e_notation_sub(m: re.Match) -> str:
