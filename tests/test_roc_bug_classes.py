@@ -92,7 +92,12 @@ def test_rewards_are_written_to_their_own_rollouts():
 
 @pytest.mark.parametrize("positive_selection", roc.POSITIVE_SELECTIONS)
 def test_kept_trajectories_carry_their_own_advantage_in_any_order(positive_selection):
+    """Step A (an all-correct and an all-wrong group leave) and Step B on groups and rollouts shuffled four ways:
+    every kept trajectory carries its own reward and the advantage Eq. 7 gives it within its own kept group."""
     groups, pens = _groups(n_groups=5, draw=8, seed=1)
+    for g, r in ((5, 1.0), (6, 0.0)):                  # Step A: equal-reward groups
+        groups.append([_traj(g * 100 + i, r, problem=f"p{g}") for i in range(8)])
+        pens.append([(0.0, 0.0)] * 8)
     for shuffle_seed in range(4):
         order = random.Random(shuffle_seed)
         idx = list(range(len(groups)))
@@ -106,6 +111,9 @@ def test_kept_trajectories_carry_their_own_advantage_in_any_order(positive_selec
         results = select(shuffled, shuffled_pens, 4, "grpo_roc", positive_selection, 1e-3, random.Random(7))
         for r in results:
             kept = [r.trajs[i] for i in r.kept]
+            if r.trajs[0].problem_id in ("p5", "p6"):
+                assert r.dropped and kept == [] and r.advantages == []
+                continue
             assert len(kept) == 4 and len({t.problem_id for t in kept}) == 1
             assert {t.reward for t in kept} == {0.0, 1.0}
             for t, a in zip(kept, r.advantages):
