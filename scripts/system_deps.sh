@@ -9,6 +9,11 @@ case "${1:-run}" in
   test) wanted=(bubblewrap redis-server chromium) ;;
   *)    echo "usage: $0 run|test" >&2; exit 2 ;;
 esac
+# the containers of tests/test_containers.py (docs/containers.md): podman with runc (crun fails here), its network stack
+# and iptables (the fleet's firewall rules); mmdebstrap makes the base image from Debian's packages, eatmydata faster
+CMD+=([podman]=podman [runc]=runc [netavark]=/usr/lib/podman/netavark [iptables]=iptables [mmdebstrap]=mmdebstrap
+      [eatmydata]=eatmydata)
+[ "${1:-run}" = test ] && wanted+=(podman runc netavark iptables mmdebstrap eatmydata)
 missing=()
 for pkg in "${wanted[@]}"; do command -v "${CMD[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg"); done
 [ ${#missing[@]} -eq 0 ] && exit 0
