@@ -154,13 +154,21 @@ def check_rl_sources(config: dict, cache_dir: str) -> None:
     Raises:
         ValueError: ``config: rl_data.sources[i] (<name>) cannot be loaded: ...`` with ``load_source``'s message
             (dataset, file, row, field); or a source none of whose rows yields a gold answer (e.g. an
-            ``answer_after`` marker that occurs in no answer), which curation would drop whole as "no_answer".
+            ``answer_after`` marker that occurs in no answer), which curation would drop whole as "no_answer"; or
+            a source that loses more than ``rl_data.max_filtered_share`` of its rows to its answer-type filter
+            (``rstar2.data.drop_checks``; a smaller loss prints a warning line on every run).
     """
     # a missing file is left to check_data_files, whose message says what to do about it
     sources = [(i, s) for i, s in enumerate(config["rl_data"]["sources"]) if os.path.exists(s["path"])]
-    stamp = _stamp(cache_dir, "rl-sources", {"sources": [s for _, s in sources]}, [s["path"] for _, s in sources])
-    if stamp.exists():
+    rl = config["rl_data"]
+    stamp = _stamp(cache_dir, "rl-sources", {"sources": [s for _, s in sources], "max_abs": rl["max_abs_answer"],
+                                             "shares": rl["max_filtered_share"]}, [s["path"] for _, s in sources])
+    if stamp.exists():   # passed before: its warnings are shown again on every run, not only the first
+        for line in json.loads(stamp.read_text()).get("warnings", []):
+            print(line, file=sys.stderr)
         return
+    from .data.curate import curate
+    from .data.drop_checks import check_answer_filter
     from .data.loaders import load_source
 
     for i, src in sources:
@@ -173,8 +181,16 @@ def check_rl_sources(config: dict, cache_dir: str) -> None:
                    "answer_from_boxed finds no \\boxed{} in any" if src.get("answer_from_boxed") else "every one is empty")
             raise ValueError(f"config: rl_data.sources[{i}] ({src['name']}): none of its {len(rows)} rows has a gold "
                              f"answer in field {src['fields'].get('answer')!r} ({how}); curation would drop them all")
+    # what each source loses to its answer-type filter (rstar2.data.drop_checks), the source alone: no dedupe across
+    # sources, no decontamination; above rl_data.max_filtered_share an error, below a warning
+    warnings = []
+    for i, src in sources:
+        _, funnel = curate([src], {}, max_abs_answer=rl["max_abs_answer"], near_dedupe={"enabled": False})
+        warnings += check_answer_filter(funnel, [src], rl["max_filtered_share"], where="config", index=i)
+    for line in warnings:
+        print(line, file=sys.stderr)
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps({"sources": [s["name"] for _, s in sources]}) + "\n")
+    stamp.write_text(json.dumps({"sources": [s["name"] for _, s in sources], "warnings": warnings}) + "\n")
 
 
 def check_reward(config: dict) -> None:

@@ -184,7 +184,9 @@ def test_custom_csv_with_other_column_names_through_a_spec(tmp_path):
     assert [r["id"] for r in loaded] == ["custom-a", "custom-b", "custom-d"]
     assert loaded[0]["answer_raw"] == "006"  # read as text: no dtype guessing turns "006" into 6
     out = tmp_path / "out"
-    rl_candidates.run(_rl_data(sources=[spec], decontaminate_against=["aime24"], ngram=8, max_abs_answer=10**6), str(out))
+    # the fraction is dropped on purpose (the integer filter), so the source may lose it (rl_data.max_filtered_share)
+    rl_candidates.run(_rl_data(sources=[spec], decontaminate_against=["aime24"], ngram=8, max_abs_answer=10**6,
+                               max_filtered_share={"custom": 1.0}), str(out))
     train = read_jsonl(out / "train.jsonl")
     assert [(r["id"], r["answer"]) for r in train] == [("custom-a", "6"), ("custom-b", "1000")]
     assert (out / "funnel.csv").read_text().splitlines() == [

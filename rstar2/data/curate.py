@@ -52,7 +52,8 @@ Progress = Callable[[str, int, float], None]
 
 def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int = 8,
            max_abs_answer: int, near_dedupe: dict | None = None, boilerplate_min_problems: int = 0,
-           base_dir: Path | str = WORKING_DIR, progress: Progress | None = None) -> tuple[list[dict], dict]:
+           base_dir: Path | str = WORKING_DIR, progress: Progress | None = None,
+           dropped: list | None = None) -> tuple[list[dict], dict]:
     """Run the funnel over ``sources`` (load_source specs) against ``benchmarks`` (name -> rows with "problem").
 
     Args:
@@ -63,6 +64,9 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
         boilerplate_min_problems: 0 (paper) or N: n-grams found in >= N candidate problems never count as
             contamination (see the module docstring).
         progress: optional callback ``(step, rows_after_step, seconds_for_step)``.
+        dropped: optional list; every dropped row is appended to it as ``{"id", "source", "step", "reason",
+            "answer_raw"}`` (+ ``"kept"``, the id of the copy kept, for a duplicate; ``"benchmarks"`` for a
+            contaminated row).
 
     A source's ``answer_type`` (:data:`RL_ANSWER_TYPES`, default ``integer``) is carried on each of its rows and
     decides whether the integer filter applies (module docstring).
@@ -74,7 +78,9 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
         "done"|"skipped"}, "per_source": {src: {step: n}}, "total": {step: n}, "drops": {reason: n},
         "drops_per_source": {src: {reason: n}}, "decontamination": {bench: n}, "duplicate_answer_conflicts": n,
         "near_duplicate_answer_conflicts": n, "near_dedupe": {settings}, "ngram": n,
-        "boilerplate_exemption": {"min_problems", "exempt_ngrams", "rows_kept"}, "benchmark_sizes": {bench: n}}``.
+        "boilerplate_exemption": {"min_problems", "exempt_ngrams", "rows_kept"}, "benchmark_sizes": {bench: n},
+        "drop_examples": {src: {reason: [up to 3 golds as read]}}, "contaminated": [{"id", "source",
+        "benchmarks", "problem" (its first 160 characters)}]}``.
         A contaminated row is counted once in "drops" but under every benchmark it overlaps in
         "decontamination".
 
@@ -95,6 +101,7 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
             raise ValueError(f"rl_data.sources[{i}] ({name}): answer_type must be one of {RL_ANSWER_TYPES}, "
                              f"got {kind!r}")
     funnel = _empty_funnel(names, benchmarks, ngram)
+    funnel["_dropped_rows"] = dropped
     funnel["integer_filter_skipped"] = {n: k for n, k in types.items() if k != "integer"}
     funnel["near_dedupe"] = near
     funnel["boilerplate_exemption"] = {"min_problems": int(boilerplate_min_problems), "exempt_ngrams": 0,
@@ -125,6 +132,7 @@ def curate(sources: list[dict], benchmarks: dict[str, list[dict]], *, ngram: int
 
     funnel["drops"] = dict(funnel["drops"])
     funnel["drops_per_source"] = {s: dict(c) for s, c in funnel["drops_per_source"].items()}
+    del funnel["_dropped_rows"]
     out = [{k: r[k] for k in OUTPUT_KEYS if k in r} for r in rows]
     return out, funnel
 
@@ -166,16 +174,16 @@ def dedupe(rows: list[dict], funnel: dict) -> list[dict]:
     A duplicate whose gold differs from the kept one is also counted in ``duplicate_answer_conflicts``
     (a sign of label noise; the kept label is the first source's).
     """
-    first_answer: dict[str, str] = {}
+    first: dict[str, dict] = {}
     kept = []
     for row in rows:
         key = problem_key(row["problem"])
-        if key in first_answer:
-            _drop(funnel, row, "duplicate")
-            if first_answer[key] != row["answer"]:
+        if key in first:
+            _drop(funnel, row, "duplicate", kept=first[key]["id"])
+            if first[key]["answer"] != row["answer"]:
                 funnel["duplicate_answer_conflicts"] += 1
             continue
-        first_answer[key] = row["answer"]
+        first[key] = row
         kept.append(row)
     return kept
 
@@ -193,7 +201,7 @@ def near_dedupe_rows(rows: list[dict], settings: dict, funnel: dict) -> list[dic
         if j is None:
             kept.append(row)
             continue
-        _drop(funnel, row, "near_duplicate")
+        _drop(funnel, row, "near_duplicate", kept=rows[j]["id"])
         if rows[j]["answer"] != row["answer"]:
             funnel["near_duplicate_answer_conflicts"] += 1
     return kept
@@ -230,10 +238,12 @@ def decontaminate(rows: list[dict], benchmarks: dict[str, list[dict]], n: int, f
                 funnel["boilerplate_exemption"]["rows_kept"] += 1
             kept.append(row)
             continue
-        _drop(funnel, row, "contaminated")
-        for bit, bench in enumerate(bench_names):
-            if hits >> bit & 1:
-                funnel["decontamination"][bench] += 1
+        overlaps = [bench for bit, bench in enumerate(bench_names) if hits >> bit & 1]
+        _drop(funnel, row, "contaminated", benchmarks=overlaps)
+        funnel["contaminated"].append({"id": row["id"], "source": row["source"], "benchmarks": overlaps,
+                                       "problem": row["problem"][:160]})
+        for bench in overlaps:
+            funnel["decontamination"][bench] += 1
     return kept
 
 
@@ -287,6 +297,8 @@ def _empty_funnel(sources: Iterable[str], benchmarks: dict[str, list[dict]], ngr
         "near_duplicate_answer_conflicts": 0,
         "ngram": ngram,
         "benchmark_sizes": {b: len(rows) for b, rows in benchmarks.items()},
+        "drop_examples": {s: {} for s in sources},
+        "contaminated": [],
     }
 
 
@@ -297,9 +309,23 @@ def _record(funnel: dict, step: str, rows: list[dict]) -> None:
     funnel["total"][step] = len(rows)
 
 
-def _drop(funnel: dict, row: dict, reason: str) -> None:
+#: The funnel step each drop reason belongs to (reasons not listed: the answer-type filter, integer_answer).
+REASON_STEPS = {"duplicate": "dedupe", "near_duplicate": "near_dedupe", "contaminated": "decontaminate",
+                "over_limit": "limit"}
+
+
+def _drop(funnel: dict, row: dict, reason: str, **extra) -> None:
+    """Count one dropped row under ``reason``, keep its gold as an example (3 per source and reason), and list it
+    where ``curate`` was given a ``dropped`` list."""
     funnel["drops"][reason] += 1
     funnel["drops_per_source"][row["source"]][reason] += 1
+    examples = funnel["drop_examples"][row["source"]].setdefault(reason, [])
+    if len(examples) < 3:
+        examples.append(row.get("answer_raw"))
+    if funnel.get("_dropped_rows") is not None:
+        funnel["_dropped_rows"].append({"id": row["id"], "source": row["source"],
+                                        "step": REASON_STEPS.get(reason, "integer_answer"), "reason": reason,
+                                        "answer_raw": row.get("answer_raw"), **extra})
 
 
 def append_step(funnel: dict, step: str, kept: list[dict], dropped: list[dict], reason: str, status: str) -> None:

@@ -20,7 +20,8 @@ Spec keys::
     answer_after      optional str: the gold is the text after the last occurrence of this marker
                       (GSM8K: "####")
     on_missing        optional "error" (default) | "drop": what to do with rows whose problem/answer value is
-                      null. "drop" keeps them with answer_raw=None so curation counts them as "no_answer".
+                      absent, null or empty (one rule for every format: a JSON "" or null, an empty CSV cell).
+                      "drop" keeps them with answer_raw=None so curation counts them as "no_answer".
                       A field absent from *every* row is always an error.
     config, split     optional, hub only: passed to datasets.load_dataset (split defaults to "train")
 """
@@ -91,6 +92,8 @@ def load_source(spec: dict, base_dir: Path | str = WORKING_DIR) -> list[dict]:
     if on_missing not in ("error", "drop"):
         raise ValueError(f"dataset '{name}': on_missing must be 'error' or 'drop', got {on_missing!r}")
     values = {role: [_resolve(records[i], col) for i in keep] for role, col in fields.items()}
+    for role in ("problem", "answer"):
+        values[role] = [_blank_as_missing(v) for v in values[role]]
     # Report every missing field at once (sorted by first bad row), so one run shows the whole schema problem.
     missing = [p for role, col in fields.items()
                 if (p := _missing_field(values[role], keep, role, col,
@@ -280,6 +283,12 @@ def _is_null(value: Any) -> bool:
     return value is None or value is _MISSING or (isinstance(value, float) and math.isnan(value))
 
 
+def _blank_as_missing(value: Any) -> Any:
+    """A problem or gold that is an empty (blank) string is missing, as a null is: one rule for every format (a
+    JSON "" is no more a gold than a JSON null or an empty CSV cell)."""
+    return _MISSING if isinstance(value, str) and not value.strip() else value
+
+
 def _filtered_indices(records: list[dict], filters: dict, context: _Context) -> list[int]:
     keep = list(range(len(records)))
     for col, wanted in filters.items():
@@ -312,8 +321,9 @@ def _missing_field(values: list, keep: list[int], role: str, col: str,
         return None
     listed = ", ".join(map(str, missing_rows[:_MAX_LISTED_ROWS]))
     more = " ..." if len(missing_rows) > _MAX_LISTED_ROWS else ""
-    return missing_rows[0], (f"row {missing_rows[0]}: missing field '{col}' (spec fields.{role}; "
-                             f"{len(missing_rows)} of {len(values)} rows lack it: 0-based rows {listed}{more})")
+    return missing_rows[0], (f"row {missing_rows[0]}: missing field '{col}' (absent, null or empty; spec "
+                             f"fields.{role}; {len(missing_rows)} of {len(values)} rows lack it: 0-based rows "
+                             f"{listed}{more}; on_missing: drop drops such rows, counted in the funnel)")
 
 
 def _make_row(index: int, values: dict[str, list], k: int, spec: dict, context: _Context) -> dict:
@@ -353,10 +363,10 @@ def _gold_text(value: Any, spec: dict) -> str | None:
         return None
     text = _as_text(value)
     if spec.get("answer_from_boxed"):
-        return last_boxed(text)
+        return last_boxed(text) or None
     marker = spec.get("answer_after")
     if marker:
-        return text.rsplit(marker, 1)[1].strip() if marker in text else None
+        return (text.rsplit(marker, 1)[1].strip() or None) if marker in text else None
     return text
 
 

@@ -107,6 +107,7 @@ class RLDataParams:
     ngram: int
     max_abs_answer: int
     limit: int
+    max_filtered_share: float | dict
     near_dedupe: NearDedupeParams
     boilerplate_min_problems: int
     benchmarks: dict

@@ -7,6 +7,9 @@ Outputs in ``out_dir``:
                    "answer_raw", "answer_type" (the source's: integer, math or choice)}
                    (+ "origin", "language" when the source maps them)
     funnel.json    the curation funnel (see rstar2.data.curate.curate), plus the optional "limit" step
+    dropped.jsonl  every row the funnel dropped: {"id", "source", "step", "reason", "answer_raw"} (+ "kept" for a
+                   duplicate, "benchmarks" for a contaminated row); rstar2.data.drop_checks refuses a source that
+                   loses more than rl_data.max_filtered_share of its rows to its answer-type filter
     funnel.csv     source x step table of row counts (last row: total), then one column per drop reason
     funnel.png     the funnel as a figure (rstar2.report.plots.plot_funnel, the report's own)
     manifest.json  written last (rstar2.io.write_manifest)
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from ..data.benchmarks import load_benchmark
 from ..data.curate import curate, format_funnel, funnel_table
+from ..data.drop_checks import check_answer_filter
 from ..data.loaders import WORKING_DIR, resolve_path
 from ..io import atomic_write_text, write_json, write_jsonl, write_manifest
 from ..params import to_dict
@@ -37,7 +41,8 @@ def run(params: dict, out_dir: str) -> None:
         Relative paths start at the working directory (the folder snakemake runs in).
 
     Raises:
-        ValueError: no sources, no max_abs_answer, an unknown benchmark name, or an empty result; anything
+        ValueError: no sources, no max_abs_answer, an unknown benchmark name, or an empty result; a source that
+            loses more than max_filtered_share of its rows to its answer-type filter (drop_checks); anything
             load_source raises (missing files/fields), before anything is written.
     """
     t0 = time.time()
@@ -52,19 +57,23 @@ def run(params: dict, out_dir: str) -> None:
     benchmarks = {name: load_benchmark(name, spec, base_dir) for name, spec in bench_specs.items()}
     _log(f"benchmarks {', '.join(f'{n}={len(r)}' for n, r in benchmarks.items())}", t)
 
+    dropped: list[dict] = []
     rows, funnel = curate(sources, benchmarks, ngram=p.ngram, max_abs_answer=p.max_abs_answer,
                           near_dedupe=to_dict(p.near_dedupe), boilerplate_min_problems=p.boilerplate_min_problems,
-                          base_dir=base_dir,
+                          base_dir=base_dir, dropped=dropped,
                           progress=lambda step, n, seconds: print(
                               f"[rl_data] {step:<15} {n:>7} rows  {seconds:6.2f}s", flush=True))
+    for line in check_answer_filter(funnel, sources, p.max_filtered_share):  # refuses a source above its share
+        print(line, flush=True)
     if p.limit:  # 0 = keep every curated problem
-        rows = _sample(rows, p.limit, p.seed, funnel)
+        rows = _sample(rows, p.limit, p.seed, funnel, dropped)
     if not rows:
         raise ValueError(f"rl_data: no rows survived curation; funnel: {funnel['total']}")
 
     out = Path(out_dir)
     t = time.time()
     write_jsonl(out / "train.jsonl", rows)
+    write_jsonl(out / "dropped.jsonl", dropped)
     write_funnel(out, funnel)
     _log(f"wrote {len(rows)} rows to {out / 'train.jsonl'}", t)
 
@@ -100,11 +109,14 @@ def _benchmark_specs(p: RLDataParams) -> dict[str, dict]:
     return {n: available[n] for n in names}
 
 
-def _sample(rows: list[dict], limit: int, seed: int, funnel: dict) -> list[dict]:
-    """Seeded shuffle, then keep the first ``limit`` rows; recorded as a "limit" step in the funnel."""
+def _sample(rows: list[dict], limit: int, seed: int, funnel: dict, dropped: list[dict]) -> list[dict]:
+    """Seeded shuffle, then keep the first ``limit`` rows; recorded as a "limit" step in the funnel, the others
+    listed in ``dropped`` (reason over_limit)."""
     rows = list(rows)
     random.Random(seed).shuffle(rows)
     kept = rows[:limit]
+    dropped += [{"id": r["id"], "source": r["source"], "step": "limit", "reason": "over_limit",
+                 "answer_raw": r.get("answer_raw")} for r in rows[limit:]]
     funnel["steps"].append("limit")
     funnel.setdefault("step_status", {})["limit"] = "done"
     for src, per_step in funnel["per_source"].items():

@@ -16,8 +16,9 @@ When ``enabled`` is false (the CPU default: a 135M model cannot verify anything)
 unchanged and the funnel records the step as "skipped".
 
 Outputs in ``out_dir``: ``train.jsonl`` (the RL training set), ``verification.jsonl`` (when enabled: every
-verified problem with its matches and predicted answers), ``funnel.json`` / ``funnel.csv`` / ``funnel.png``
-(the candidates' funnel plus this step), and ``manifest.json`` last.
+verified problem with its matches and predicted answers), ``dropped.jsonl`` (each row this stage dropped, with
+its step and reason), ``funnel.json`` / ``funnel.csv`` / ``funnel.png`` (the candidates' funnel plus this step),
+and ``manifest.json`` last.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         lengths = prompt_lengths([r["problem"] for r in rows], tokenizer, p.tool)
-    n_before = len(rows)
+    n_before, before_length = len(rows), rows
     rows = filter_prompts(rows, funnel, max_tokens, lengths)
     print(f"[rl_data] prompt length: {n_before - len(rows)} of {n_before} problems over {max_tokens} tokens"
           if max_tokens else "[rl_data] prompt length: no limit (funnel step 'skipped')", flush=True)
@@ -110,6 +111,13 @@ def run(params: dict, data_path: str, funnel_path: str, out_dir: str, model_dir:
         raise ValueError(f"label_verification: no problem kept; funnel: {funnel['total']}")
     out = Path(out_dir)
     write_jsonl(out / "train.jsonl", kept)
+    # this stage's drops, one row each (rl_candidates/dropped.jsonl lists the curation funnel's)
+    long_ids = {r["id"] for r in before_length} - {r["id"] for r in rows}
+    write_jsonl(out / "dropped.jsonl",
+                [{"id": r["id"], "source": r["source"], "step": "prompt_length", "reason": "prompt_too_long",
+                  "answer_raw": r.get("answer_raw")} for r in before_length if r["id"] in long_ids]
+                + [{"id": r["id"], "source": r["source"], "step": STEP, "reason": DROP_REASON,
+                    "answer_raw": r.get("answer_raw")} for r in dropped])
     if enabled:
         write_jsonl(out / "verification.jsonl", verified)
     write_funnel(out, funnel)
