@@ -1,4 +1,5 @@
 # make run   : set up the virtual environment (pinned packages) and run the whole pipeline on config.yaml
+#              (make run CONFIG=my.yaml: merged over config.yaml, as snakemake --configfile my.yaml; several: "a.yaml b.yaml")
 # make test  : set up and run the test suite (unit tests + the tiny end-to-end workflow, the docs site in strict mode)
 # Both first install missing Debian packages (scripts/system_deps.sh: bubblewrap; for tests also redis-server, chromium).
 PYTHON ?= python3
@@ -32,7 +33,7 @@ $(VENV)/.installed-docs: $(VENV)/.installed requirements-docs.txt
 
 run: setup
 	scripts/system_deps.sh run
-	HF_HUB_OFFLINE=1 $(BIN)/snakemake --cores $(CORES)
+	HF_HUB_OFFLINE=1 $(BIN)/snakemake --cores $(CORES) $(if $(CONFIG),--configfile $(CONFIG))
 
 test: setup-test
 	scripts/system_deps.sh test

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                            aliases=ALIASES.get(name, []))
         p.add_argument("--params", required=True, type=_params, help="the stage's config section as JSON")
         p.add_argument("--out", required=True, help="the stage's output folder")
+        p.add_argument("--log", default=None, help="the job's log: the params' digest and JSON are appended to it "
+                                                   "(the workflow's rules; the console gets the digest only)")
         for flag in extra:
             p.add_argument(flag, required=True, help=flags[flag])
         if name == "rl":
@@ -139,7 +141,22 @@ def _reproduce(a: argparse.Namespace) -> int:
     return 1
 
 
+def _log_params(a: argparse.Namespace) -> None:
+    """The params' digest (what Snakemake's ``reason:`` lines show: ``rstar2.io.ParamsJSON``) on the console, and
+    with their JSON in the job's log (``--log``; under a multi-process launch, by the first process only)."""
+    from .io import ParamsJSON
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    text = ParamsJSON(json.dumps(a.params, sort_keys=True))
+    if a.log:   # before anything is printed: the console's copy reaches the log through tee, later
+        with open(a.log, "a", encoding="utf-8") as f:
+            f.write(f"params sha256:{text.digest} {text}\n")
+    print(f"[{a.stage}] params sha256:{text.digest}" + (f" (the JSON: {a.log})" if a.log else ""), flush=True)
+
+
 def _dispatch(a: argparse.Namespace) -> None:
+    _log_params(a)
     sandbox_cfg = os.environ.get("RSTAR2_SANDBOX")
     if sandbox_cfg:
         # The config's sandbox section, set by the workflow in the environment (not in params: it does not

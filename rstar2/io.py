@@ -120,6 +120,33 @@ def keep_resumable(path: Path, link: Path, fresh: bool, cut=None) -> None:
         pass
 
 
+def save_links(src: Path, dst: Path) -> bool:
+    """Hard-link every file under folder ``src`` to the same relative path under ``dst`` (a second name, no copy).
+    False, with ``dst`` left partial, where a link is impossible (another file system)."""
+    for f in sorted(p for p in Path(src).rglob("*") if p.is_file()):
+        target = Path(dst) / f.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(f, target)
+        except OSError:
+            return False
+    return True
+
+
+def restore_links(src: Path, dst: Path, last: str | None = None) -> list[Path]:
+    """Link every file under ``src`` back to its relative path under ``dst`` where that is missing, the file named
+    ``last`` (e.g. a stage's manifest) after all others. Returns the files linked back."""
+    files = sorted((p for p in Path(src).rglob("*") if p.is_file()), key=lambda p: (p.name == last, str(p)))
+    restored = []
+    for f in files:
+        target = Path(dst) / f.relative_to(src)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(f, target)
+            restored.append(target)
+    return restored
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()
@@ -127,6 +154,21 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+class ParamsJSON(str):
+    """A stage's params JSON as a workflow rule hands it over: the text itself wherever it is formatted (the command
+    line), but a short digest as its ``repr``, which is what Snakemake records, compares and prints in a job's
+    ``reason:`` line (``params sha256:1f2e3d4c5b6a``) instead of the whole JSON. ``rstar2 <stage>`` prints the
+    digest beside the JSON into the job's log. Snakemake keeps a param's value as it is only when a function
+    returns it (it rebuilds a plain string param as a plain string), so the rules take it from a function."""
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.encode()).hexdigest()[:12]
+
+    def __repr__(self) -> str:
+        return f"params sha256:{self.digest}"
 
 
 def digest(obj: Any) -> str:

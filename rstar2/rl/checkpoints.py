@@ -6,8 +6,9 @@ rerunning it and would otherwise take the checkpoints with them. Each checkpoint
 ``checkpoint-<step>/`` (model, optimizer, LR scheduler, RNG states, trainer state with the step counter,
 from which the data position follows) plus our ``rstar2_state.json`` (the rollout step, from which every RL
 random stream derives), written last as the completeness marker. ``fingerprint.json`` ties the folder to one set of inputs: params,
-the training data, the starting model and the reward code; any change discards the old checkpoints. The stage deletes the
-folder after its manifest is written. To force a fresh start, delete ``results/rl/checkpoints/<stage>``.
+the training data, the starting model and the reward code; any change discards the old checkpoints. Once its manifest
+is written the stage deletes the folder, keeping hard links of its outputs in ``results/rl/finished/<stage>`` until
+the workflow records them (``rstar2.stages.interrupts``). To force a fresh start, delete both.
 """
 
 from __future__ import annotations
@@ -154,3 +155,23 @@ def read_carried(folder: str | os.PathLike) -> dict:
         raise FileNotFoundError(f"{folder}: no optimizer state of the previous stage ({CARRY_FILE} missing); rerun "
                                 "the previous stage with this stage's continue_optimizer set, or set it to false")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def mark_tied_weights(model) -> list[str]:
+    """Add the model's tied copies of its input embedding (``lm_head.weight`` where ``tie_word_embeddings``: SmolLM2,
+    the tiny test model) to the keys it does not save, and return their names.
+
+    transformers writes a tied weight once (as ``model.embed_tokens.weight``), so a checkpoint has no
+    ``lm_head.weight``; Trainer, resuming, loads the state dict non-strictly and warns "There were missing keys in
+    the checkpoint model loaded: ['lm_head.weight']" unless the missing keys are exactly the model's
+    ``_keys_to_ignore_on_save``, in which case it re-ties them. The weight was never missing (it is the embedding,
+    loaded), so naming it there removes a false warning; what is saved is unchanged (a tied copy is not written
+    either way). An untied model is left as it is.
+    """
+    inp, outp = model.get_input_embeddings(), model.get_output_embeddings()
+    if inp is None or outp is None or outp.weight is not inp.weight:
+        return []
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is inp.weight]
+    copies = names[1:]  # named_parameters() keeps the first name of a shared tensor: the one saved
+    model._keys_to_ignore_on_save = set(model._keys_to_ignore_on_save or ()) | set(copies)
+    return copies

@@ -13,6 +13,7 @@ from ..params import merge_overrides, to_dict
 from ..rollout.scheduler import policy_name
 from ..rollout.vllm_reproducible import enable_batch_invariance
 from ..rollout.vllm_settings import set_env
+from .interrupts import finished_root, keep_finished, restore_finished, stop_on_signal
 from .params import RLParams, parse
 
 
@@ -97,6 +98,17 @@ def _heldout_callbacks(p: RLParams, problems: list[dict] | None, out: Path, is_m
                                   str(out), p.steps, is_main)]
 
 
+def _resume_hint(out: Path) -> str:
+    """Where a rerun of the stage in ``out`` resumes, for the line printed when a signal stops it."""
+    from ..rl import checkpoints
+
+    root = checkpoints.checkpoint_root(out)
+    last = checkpoints.latest_complete(root) if root.is_dir() else None
+    if last is None:
+        return "no checkpoint yet: a rerun starts the stage again"
+    return f"a rerun resumes from {last} (step {checkpoints.read_state(last)['step']})"
+
+
 def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_from: str | None = None) -> None:
     """Train one RL stage with TRL's GRPOTrainer and our rollout layer, resuming from its last checkpoint.
 
@@ -125,7 +137,16 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
             parameter; continue_optimizer without optimizer_from.
         FileNotFoundError: optimizer_from holds no complete optimizer state.
         rstar2.faults.StageFault: the stage stopped for a fault (one line naming it).
+        SystemExit: SIGINT or SIGTERM stopped it (``interrupts.stop_on_signal``: exit status 130 or 143; its
+            checkpoints stay). A stage that had finished keeps its outputs in ``interrupts.finished_root`` until the
+            workflow records them; a rerun with the same inputs puts them back instead of training again.
     """
+    with stop_on_signal("rl", lambda: _resume_hint(Path(out_dir))) as finishing:
+        _run(params, model_dir, data_path, out_dir, optimizer_from, finishing)
+
+
+def _run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_from: str | None,
+         finishing) -> None:
     from datasets import Dataset
 
     from .. import distributed, grading_pool, models, precision
@@ -162,6 +183,11 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     # (a stage stopped by a fault resumes after its limit was raised)
     fp = checkpoints.fingerprint({k: v for k, v in to_dict(p).items()
                                   if k not in ("heldout", "checkpoint_every", "faults")}, model_dir, data_path, carried)
+    with ps.main_process_first():  # the main process puts a finished stage's outputs back; the others see it done
+        if restore_finished(out, fp, write=ps.is_main_process):
+            print(f"[rl] {p.name} had finished with these inputs; its outputs are back from "
+                  f"{finished_root(out)}: no step trained again", flush=True)
+            return
     with ps.main_process_first():  # the main process clears a stale folder; the others then find it ready
         resume = checkpoints.prepare(ckpt_root, fp)
     resume_step = checkpoints.read_state(resume)["step"] if resume else 0
@@ -181,6 +207,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
     # the weights already sharded, instead of one full copy per process.
     args = grpo_config(p, str(ckpt_root), seed, ps.num_processes)
     model, tok = models.load(model_dir)
+    checkpoints.mark_tied_weights(model)  # a resume re-ties lm_head instead of warning that it is "missing"
     penalty = PenaltyConfig(p.error_penalty, p.format_penalty, p.penalty_eps)
     rollout_fn = RolloutFunc(answers, p.rollout, G, p.oversample, p.mode, p.positive_selection, seed, str(out),
                              penalty, faults=p.faults, reward=p.reward)
@@ -209,6 +236,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
 
         shared_prefix.install(trainer.model)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    finishing()  # the last step is done: a signal from here on lets the outputs below be written
     trainer.save_model(str(out / "model"))  # every process: gathers ZeRO-3 / FSDP shards; the main one writes
     if p.save_optimizer:  # before the manifest: a stage without one is not finished
         checkpoints.save_optimizer(trainer, out / "optimizer", {"stage": p.name, "fingerprint": fp})
@@ -227,6 +255,9 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
                           "scheduler": policy_name(p.rollout.scheduler, p.rollout.reproducible),
                           "vllm_batch_invariant": batch_invariant,
                           "optimizer_continued_from": carried})
-    shutil.rmtree(ckpt_root, ignore_errors=True)  # after the manifest: a finished stage needs no checkpoints
-    with contextlib.suppress(OSError):  # results/rl/checkpoints itself, once no stage has any left
-        ckpt_root.parent.rmdir()
+    # Until the workflow records the outputs complete (interrupts.drop_recorded), a rerun takes them from these
+    # links; where links are impossible the checkpoints stay instead (a rerun resumes after the last step).
+    if keep_finished(out, fp):
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+        with contextlib.suppress(OSError):  # results/rl/checkpoints itself, once no stage has any left
+            ckpt_root.parent.rmdir()

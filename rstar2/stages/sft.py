@@ -11,8 +11,9 @@ import shutil
 import time
 from pathlib import Path
 
-from ..io import append_jsonl, read_jsonl, write_json, write_manifest
+from ..io import append_jsonl, digest, file_sha256, read_jsonl, write_json, write_manifest
 from ..params import merge_overrides, to_dict
+from .interrupts import finished_root, keep_finished, restore_finished, stop_on_signal
 from .params import SFTParams, parse
 
 # SFTConfig fields the stage's own batching and saving depend on: not overridable through sft.trainer_overrides.
@@ -76,7 +77,23 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     Raises:
         ValueError: no example fits in ``max_length`` (the message says how many were too long), or batch_size
             is not a multiple of grad_accum x processes.
+        SystemExit: SIGINT or SIGTERM stopped it (``interrupts.stop_on_signal``, exit status 130 or 143); the
+            cold start keeps no step checkpoints, so a rerun starts it again. Once finished, its outputs are kept
+            in ``interrupts.finished_root`` until the workflow records them: a rerun with the same inputs puts
+            them back instead of training again.
     """
+    with stop_on_signal("sft", lambda: "the cold start keeps no step checkpoints: a rerun starts it again") as done:
+        _run(params, model_dir, data_path, out_dir, done)
+
+
+def fingerprint(params: dict, model_dir: str | Path, data_path: str | Path) -> str:
+    """Digest of what determines the cold start's result: params, the data file and the starting model's files."""
+    model_files = sorted(f for f in Path(model_dir).rglob("*") if f.is_file())
+    return digest({"params": params, "data": file_sha256(data_path),
+                   "model": [(str(f.relative_to(model_dir)), file_sha256(f)) for f in model_files]})
+
+
+def _run(params: dict, model_dir: str, data_path: str, out_dir: str, finishing) -> None:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import SFTTrainer
@@ -87,6 +104,12 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     p = parse(SFTParams, params, "sft params")
     out = Path(out_dir)
     ps = distributed.process_state(to_dict(p.trainer))
+    fp = fingerprint(to_dict(p), model_dir, data_path)
+    with ps.main_process_first():  # the main process puts a finished run's outputs back; the others see it done
+        if restore_finished(out, fp, write=ps.is_main_process):
+            print(f"[sft] the cold start had finished with these inputs; its outputs are back from "
+                  f"{finished_root(out)}: nothing trained again", flush=True)
+            return
     out.mkdir(parents=True, exist_ok=True)
     if ps.is_main_process:
         (out / "metrics.jsonl").unlink(missing_ok=True)
@@ -118,6 +141,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
 
         shared_prefix.install(trainer.model)
     trainer.train()
+    finishing()  # the last step is done: a signal from here on lets the outputs below be written
     tok.padding_side = "left"
     trainer.save_model(str(out / "model"))  # every process: gathers ZeRO-3 / FSDP shards; the main one writes
     ps.wait_for_everyone()
@@ -134,3 +158,4 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str) -> None:
     write_json(out / "dropped.json", dropped)
     write_manifest(out, stage="sft", params=to_dict(p), inputs=[model_dir, data_path], counts=counts, started=t0,
                    extra={"precision": precision.summary(to_dict(p))})
+    keep_finished(out, fp)  # until the workflow records the outputs complete (interrupts.drop_recorded)

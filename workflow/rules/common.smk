@@ -7,7 +7,9 @@ import os
 import re
 import sys
 
-from rstar2.io import file_sha256
+from rstar2.io import ParamsJSON, file_sha256
+from rstar2.rl.checkpoints import checkpoint_root
+from rstar2.stages import interrupts
 from rstar2.reproduce import code_version
 from rstar2.params import to_dict as params_dict
 from rstar2.stages import params as stage_params
@@ -67,8 +69,41 @@ def report_provenance():
             "config_overrides": dict(workflow.config_settings.config), "code": code_version(workflow.basedir)}
 
 
+def params_json(p):
+    """A stage's params JSON, which Snakemake records and compares, and prints in `reason:` lines, by a digest
+    (rstar2.io.ParamsJSON)."""
+    return ParamsJSON(stage_params.to_json(p))
+
+
 def to_json(p):
-    return stage_params.to_json(p)
+    """A rule's `params: p=...`: a function, so that Snakemake keeps the ParamsJSON as it is."""
+    text = params_json(p)
+    return lambda wildcards: text
+
+
+def logged(command, training=False):
+    """A rule's shell command: `rstar2 <stage> ... --log {log}` writes its params' digest (what Snakemake's
+    `reason:` lines show) and their JSON into the job's log only; then the command's output goes to the console and
+    is appended to the log (Snakemake deletes a job's log before it runs). A training job's `tee` ignores SIGINT
+    and SIGTERM: a Ctrl-C reaches every process of the group, and the line a stopped stage prints on its way out
+    (where a rerun resumes) must still reach the log (rstar2/stages/interrupts.py)."""
+    tee = "(trap '' INT TERM; exec tee -a {log})" if training else "tee -a {log}"
+    return command + " --log {log} 2>&1 | " + tee
+
+
+TRAINING_RULES = ("sft", "rl", "rl_keeping_optimizer")
+
+
+# Snakemake waits for its running jobs on SIGINT and lets them finish on SIGTERM: both are passed on to the jobs,
+# which stop within seconds; a training run's kept outputs and checkpoints are deleted once Snakemake has recorded
+# it complete (rstar2/stages/interrupts.py).
+onstart:
+    interrupts.forward_signals()
+    interrupts.drop_recorded(workflow, TRAINING_RULES, checkpoint_root)
+
+
+onsuccess:
+    interrupts.drop_recorded(workflow, TRAINING_RULES, checkpoint_root, all_done=True)
 
 
 def launch(family):
@@ -145,7 +180,7 @@ def rl_run_params(wildcards):
     p = stage_params.rl(config, what) if kind == "stage" else stage_params.rl(config, "stage1", what)
     # how often to checkpoint and when to stop for faults change no result: they travel in the environment
     # (RSTAR2_CHECKPOINT_EVERY, RSTAR2_RL_FAULTS, above), so that editing them reruns no finished stage (Snakemake reruns a job whose params changed)
-    return to_json({k: v for k, v in params_dict(p).items() if k not in ("checkpoint_every", "faults")})
+    return params_json({k: v for k, v in params_dict(p).items() if k not in ("checkpoint_every", "faults")})
 
 
 def rl_run_input(wildcards):

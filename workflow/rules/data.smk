@@ -22,7 +22,7 @@ rule rl_candidates:
     resources:
         **job_resources("default"),
     shell:
-        "rstar2 rl-candidates --params {params.p:q} --out results/rl_candidates 2>&1 | tee {log}"
+        logged("rstar2 rl-candidates --params {params.p:q} --out results/rl_candidates")
 
 
 # Only scheduled when label_verification is enabled with its own model (paper: Qwen3-32B).
@@ -31,7 +31,7 @@ rule verifier_model:
         model=directory("results/verifier_model/model"),
         manifest="results/verifier_model/manifest.json",
     params:
-        p=lambda wildcards: to_json(stage_params.base_model(config, "label_verification.model")),
+        p=lambda wildcards: params_json(stage_params.base_model(config, "label_verification.model")),
     conda:
         "../../envs/rstar2.yaml"
     log:
@@ -42,7 +42,7 @@ rule verifier_model:
     resources:
         **job_resources("default"),
     shell:
-        "rstar2 base-model --params {params.p:q} --out results/verifier_model 2>&1 | tee {log}"
+        logged("rstar2 base-model --params {params.p:q} --out results/verifier_model")
 
 
 # The prompt-length filter (rl_data.max_prompt_tokens, with the base model's tokenizer), then label
@@ -74,8 +74,10 @@ rule rl_data:
     resources:
         **job_resources("generate"),
     shell:
-        "rstar2 rl-data --params {params.p:q} --data {input.data} --funnel {input.funnel}"
-        " {params.model} {params.tokenizer} --out results/rl_data 2>&1 | tee {log}"
+        logged(
+            "rstar2 rl-data --params {params.p:q} --data {input.data} --funnel {input.funnel}"
+            " {params.model} {params.tokenizer} --out results/rl_data"
+        )
 
 
 # Mining feeds stage 3 only.
@@ -100,5 +102,7 @@ if "stage3" in RL_STAGES:
         resources:
             **job_resources("generate"),
         shell:
-            "rstar2 hard-problems --params {params.p:q} --model {input.model} --data {input.data}"
-            " --out results/hard_problems 2>&1 | tee {log}"
+            logged(
+                "rstar2 hard-problems --params {params.p:q} --model {input.model} --data {input.data}"
+                " --out results/hard_problems"
+            )

@@ -25,8 +25,10 @@ rule evaluate:
     resources:
         **job_resources("generate"),
     shell:
-        "rstar2 evaluate --params {params.p:q} --name {wildcards.model} --model {input.model}"
-        " --out results/eval/{wildcards.model} 2>&1 | tee {log}"
+        logged(
+            "rstar2 evaluate --params {params.p:q} --name {wildcards.model} --model {input.model}"
+            " --out results/eval/{wildcards.model}"
+        )
 
 
 rule report:
@@ -72,4 +74,4 @@ rule report:
     resources:
         **job_resources("default"),
     shell:
-        "rstar2 report --params {params.p:q} --inputs {params.inputs:q} --out results/report 2>&1 | tee {log}"
+        logged("rstar2 report --params {params.p:q} --inputs {params.inputs:q} --out results/report")

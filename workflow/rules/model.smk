@@ -20,7 +20,7 @@ rule base_model:
     resources:
         **job_resources("default"),
     shell:
-        "rstar2 base-model --params {params.p:q} --out results/base_model 2>&1 | tee {log}"
+        logged("rstar2 base-model --params {params.p:q} --out results/base_model")
 
 
 rule sft_data:
@@ -44,7 +44,7 @@ rule sft_data:
     resources:
         **job_resources("default"),
     shell:
-        "rstar2 sft-data --params {params.p:q} --out results/sft_data 2>&1 | tee {log}"
+        logged("rstar2 sft-data --params {params.p:q} --out results/sft_data")
 
 
 rule sft:
@@ -66,5 +66,8 @@ rule sft:
     resources:
         **job_resources("sft"),
     shell:
-        launch("sft") + " sft --params {params.p:q} --model {input.model} --data {input.data}"
-        " --out results/sft 2>&1 | tee {log}"
+        logged(
+            launch("sft") + " sft --params {params.p:q} --model {input.model} --data {input.data}"
+            " --out results/sft",
+            training=True,
+        )

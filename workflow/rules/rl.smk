@@ -6,7 +6,9 @@
 # ablation run>, which is deliberately not a declared output (Snakemake deletes declared outputs before rerunning a
 # rule, so the checkpoints would be lost). A killed run resumes from its last checkpoint when the same inputs and
 # params come back; the per-step logs (declared: the report reads them) keep a second name there, so a resumed run
-# finds them again (rstar2/rl/checkpoints.py). The stage deletes its checkpoints after writing its manifest.
+# finds them again (rstar2/rl/checkpoints.py). A finished stage keeps its outputs' hard links in results/rl/finished
+# until Snakemake records the job complete (an interrupted workflow would otherwise train it again), then onsuccess
+# or the next run's onstart deletes them and the checkpoints (rstar2/stages/interrupts.py).
 # Optimizer across stages (paper §4.3): a stage with continue_optimizer reads the AdamW state and LR schedule the
 # previous stage wrote to results/rl/stageN/optimizer, a declared output of rule rl_keeping_optimizer (the same
 # rule for the stages whose next stage continues their optimizer: stage 1 by default).
@@ -37,8 +39,11 @@ rule rl:
     resources:
         **job_resources("rl"),
     shell:
-        launch("rl") + " rl --params {params.p:q} --model {input.model} --data {input.data} {params.optimizer}"
-        " --out results/{wildcards.run} 2>&1 | tee {log}"
+        logged(
+            launch("rl") + " rl --params {params.p:q} --model {input.model} --data {input.data} {params.optimizer}"
+            " --out results/{wildcards.run}",
+            training=True,
+        )
 
 
 use rule rl as rl_keeping_optimizer with:
