@@ -127,10 +127,10 @@ def test_report_full(tmp_path, fake_inputs):
     # details: pass@k, maj@k (absent here), the paper's value and mean length (Table 4) beside ours
     assert "| sft | math500 | – | 500 | 4 | 45.6 | [42.1, 49.0] | 61.0 | – | 2100.0 | 0.80 | – | 97.8 | – |" in md
     assert "| sft | aime24 | – | 30 | 4 | 12.3 | [5.7, 20.1] | 30.0 | – | 4321.0 | 1.50 | – | 80.6 | 9339.7 |" in md
-    # the full Table 3, HMMT column included
-    assert "| model | reasoning SFT | MATH-500 | AIME24 | AIME25 | HMMT Feb25 |" in md
-    assert "| rStar2-Agent-14B | no | 97.8 | 80.6 | 69.8 | 52.7 |" in md
-    assert "| Claude-Opus-4.0 (Think) | yes | 98.2 | 76.0 | 69.2 | – |" in md
+    # the paper's tables only in the columns evaluated; the rest in one line
+    assert "| model | reasoning SFT |" not in md and "Generalisation beside paper Table 5" not in md
+    assert ("Paper columns this run did not evaluate: HMMT Feb25 (Table 3); GPQA-Diamond, BFCL v3, IFEval, "
+            "Arena-Hard (Table 5).") in md
 
     # funnel
     assert "| step | dapo | openr1 | total |" in md
@@ -153,12 +153,14 @@ def test_report_full(tmp_path, fake_inputs):
     assert "```python\nprint(6*7)\n```" in traj
     assert "*turn 1, tool call 1: output (ok)*" in traj and "42\n```" in traj
     assert "I will compute.[tool call: code below]" in traj
-    assert "Final answer: '42' (gold '42') → reward 1.0" in traj and "kept by RoC" in traj
+    assert "Final answer: 42 (gold 42) → reward 1.0" in traj and "kept by RoC" in traj
     html_page = (out / "trajectories.html").read_text()
     assert "<script>alert" not in html_page and "&lt;script&gt;alert(1)&lt;/script&gt;" in html_page
     assert "print(&#x27;&lt;b&gt;bold&lt;/b&gt;&#x27;)" in html_page
     summary_html = (out / "summary.html").read_text()
-    assert summary_html.count("data:image/png;base64,") == 3     # figures embedded
+    assert summary_html.count("data:image/png;base64,") == 4     # figures embedded (the lead's: aime24)
+    assert "Lead benchmark aime24: the first benchmark this run evaluated (report.lead_benchmark chooses another: " \
+        "aime24, math500, aime25)." in md
     assert "<td>rStar2-Agent-14B</td><td>paper Table 3 (avg@16)</td><td>80.6</td>" in summary_html
 
     assert manifest["counts"]["rl_steps"] == {"stage1": 10, "stage2": 4, "stage3": 0}
@@ -185,12 +187,13 @@ def test_report_draws_the_funnel_and_uses_declared_paper_columns(tmp_path, fake_
     assert "| model | source | hmmt_february | aime24 | aime25 |" in md
     assert "| rStar2-Agent-14B | paper Table 3 (avg@16) | 52.7 | 80.6 | 69.8 |" in md
     assert "| QWQ-32B | paper Table 3 | 47.5 | 79.5 | 65.8 |" in md
-    # GPQA-Diamond is a Table 5 benchmark: shown beside the paper's generalisation numbers
-    assert "| model | source | GPQA-Diamond | BFCL v3 | IFEval | Arena-Hard |" in md
-    assert "| sft | this run | 30.0 [25.0, 35.0] | – | – | – |" in md
-    assert "| rStar2-Agent-14B | paper Table 5 | 60.9 | 60.8 | 83.4 | 86.6 |" in md
-    assert "| rStar2-Agent-14B after SFT | paper Table 5 | 42.1 | 63.1 | 83.7 | 86.8 |" in md
-    assert "| DeepSeek-V3 | paper Table 5 | 59.1 | 57.6 | 86.1 | 85.5 |" in md
+    # GPQA-Diamond is a Table 5 benchmark: shown beside the paper's generalisation numbers, in its column only
+    assert "| model | source | GPQA-Diamond |" in md
+    assert "| sft | this run | 30.0 [25.0, 35.0] |" in md
+    assert "| rStar2-Agent-14B | paper Table 5 | 60.9 |" in md
+    assert "| rStar2-Agent-14B after SFT | paper Table 5 | 42.1 |" in md
+    assert "| DeepSeek-V3 | paper Table 5 | 59.1 |" in md
+    assert "Paper columns this run did not evaluate: MATH-500 (Table 3); BFCL v3, IFEval, Arena-Hard (Table 5)." in md
     assert "| sft | hmmt_february | math | 30 | 4 | 10.0 | [0.0, 20.0] | – | 20.0 |" in md
 
 
@@ -206,7 +209,7 @@ def test_report_shows_ifeval_and_bfcl_checker_metrics(tmp_path, fake_inputs):
     out = tmp_path / "report"
     report.run(_rp(dpi=60), fake_inputs, str(out))
     md = (out / "summary.md").read_text()
-    assert "| sft | this run | – | 50.0 | 25.0 [20.0, 30.0] | – |" in md
+    assert "| model | source | BFCL v3 | IFEval |" in md and "| sft | this run | 50.0 | 25.0 [20.0, 30.0] |" in md
     assert "| sft | ifeval | 541 | 25.0 | 40.0 | 30.0 | 45.0 |" in md
     assert "| model | benchmark | simple_python | irrelevance | mean |" in md
     assert "| sft | bfcl | 20.0 (n=5) | 80.0 (n=5) | 50.0 |" in md
@@ -231,7 +234,8 @@ def test_report_with_no_inputs(tmp_path):
     assert "Evaluation: no data." in md
     assert "Data funnel: no data." in md
     assert "RL training: no data." in md
-    assert "97.8" in md                         # the paper reference is always shown
+    assert "Paper columns this run did not evaluate: MATH-500, AIME24, AIME25, HMMT Feb25 (Table 3)" in md
+    assert "No learning result: this run evaluated no model on any benchmark" in md
     assert manifest["inputs"] == []
 
 
@@ -308,7 +312,7 @@ def test_report_pages_render_in_headless_chromium(tmp_path, fake_inputs):
     assert ["rStar2-Agent-14B", "paper Table 3 (avg@16)", "80.6", "97.8", "69.8"] in main
     assert ["sft", "this run", "12.3 [5.7, 20.1]", "45.6 [42.1, 49.0]", "–"] in main
     assert any(t[0][0] == "step" for t in tables) and any(t[0][0] == "stage" for t in tables)
-    assert len(page["decoded"]) == 3 and all(w > 100 and h > 100 for w, h in page["decoded"])
+    assert len(page["decoded"]) == 4 and all(w > 100 and h > 100 for w, h in page["decoded"])
 
     traj = browser.static_page(out / "trajectories.html", tmp_path)
     assert traj["scripts"] == 2                     # the probe's own two; the model's <script> is text
@@ -460,20 +464,31 @@ def test_report_leads_with_the_held_out_learning_result(tmp_path, fake_inputs):
     report.run(_rp(lead_benchmark="arith_heldout"), fake_inputs, str(out))
     md = (out / "summary.md").read_text()
     first = md.index("## ")
-    assert md[first:].startswith("## Learning result: held-out accuracy on arith_heldout")
+    assert md[first:].startswith("## Learning result: accuracy on arith_heldout\n\nLead benchmark arith_heldout: "
+                                 "report.lead_benchmark (else rl.heldout.benchmark).")
     assert "rl_stage3 vs sft: +66.0 points; the 95% intervals do not overlap." in md
     assert "| sft | 5.0 [1.0, 10.0] | 100 | 1 | 38.0 | 1.20 | 0.0 |" in md
     assert "| rl_stage3 | 71.0 [62.0, 80.0] | 100 | 1 | 100.0 |" in md
     lead = md[first:md.index("\n## ", first + 3)]
-    assert "sft · h2" in lead and "rl_stage3 · h2" in lead and "h1" not in lead   # wrong before, right after
+    pair = lead[lead.index("### One problem of arith_heldout"):]
+    assert "sft · h2" in pair and "rl_stage3 · h2" in pair and "h1" not in pair   # wrong before, right after
+    # the benchmark problem by problem: gold as written, each model's answer and correct samples
+    assert "| problem | gold | sft: answer | sft: correct | rl_stage3: answer | rl_stage3: correct |" in lead
+    assert "| h2 | 42 | 41 | 0/1 | 42 | 1/1 |" in lead
+    assert (out / "lead_per_problem.csv").read_text().splitlines()[1:] == ["h1,42,42,1/1,42,1/1", "h2,42,41,0/1,42,1/1"]
     assert (out / "learning_result.png").read_bytes().startswith(PNG_MAGIC)
 
 
-def test_no_lead_section_without_its_benchmark(tmp_path, fake_inputs):
+def test_a_lead_benchmark_this_run_did_not_evaluate_gives_way_and_the_hint_names_the_right_keys(tmp_path,
+                                                                                                 fake_inputs):
     out = tmp_path / "report"
     report.run(_rp(lead_benchmark="arith_heldout"), fake_inputs, str(out))
-    assert "Learning result" not in (out / "summary.md").read_text()
-    assert (out / "learning_result.png").read_bytes().startswith(PNG_MAGIC)     # "no data" figure
+    md = (out / "summary.md").read_text()
+    assert "## Learning result: accuracy on aime24" in md
+    assert ("Lead benchmark aime24: the first benchmark this run evaluated; report.lead_benchmark (else "
+            "rl.heldout.benchmark) names 'arith_heldout', which this run did not evaluate (it evaluated aime24, math500, aime25): set "
+            "report.lead_benchmark to one of those, or add 'arith_heldout' to evaluate.benchmarks.") in md
+    assert (out / "learning_result.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_a_one_problem_benchmark_shows_no_interval_and_a_skipped_funnel_step_says_so():

@@ -18,7 +18,7 @@ import math
 import statistics
 from pathlib import Path
 
-from .canvas import new_figure, no_data, save
+from .canvas import integer_steps, new_figure, no_data, save
 from .document import Figure, Heading, Para, Table
 from .inputs import accuracy_interval as _ci, num
 
@@ -96,6 +96,7 @@ def plot_ablation(runs: list[dict], path: Path, dpi: int) -> None:
         if not drawn:
             no_data(ax)
             continue
+        integer_steps(ax)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

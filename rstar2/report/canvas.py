@@ -11,13 +11,22 @@ NO_DATA = "no data"
 
 
 def new_figure(w: float, h: float):
-    """A ``matplotlib.figure.Figure`` of ``w`` x ``h`` inches with a constrained layout, drawn by Agg."""
+    """A ``matplotlib.figure.Figure`` of ``w`` x ``h`` inches with a constrained layout, drawn by Agg. Its text
+    (our names and numbers) is in matplotlib's DejaVu Sans; model-written text, in any script, is only on the HTML
+    pages, which the browser draws with the system's fonts (scripts/system_deps.sh installs them)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(w, h), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def integer_steps(ax) -> None:
+    """Ticks at whole numbers only on the x axis (RL steps): no 1.25 on a step axis."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def save(fig, path: Path, dpi: int) -> None:

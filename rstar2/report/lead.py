@@ -1,10 +1,11 @@
 """The report's first section: did RL teach the model?
 
-Held-out accuracy of every evaluated model on the lead benchmark (by default the RL stages' held-out benchmark)
-with 95% bootstrap intervals, as a table and a figure (``learning_result.png``: accuracy per model with error
-bars beside the training reward across the RL stages), the share of tool calls that ran cleanly, the gain of the
-final model over the SFT model in points and whether the intervals overlap, and one held-out problem answered by
-the SFT model and by the final model side by side.
+Accuracy of every evaluated model on the lead benchmark (``choose_lead``: report.lead_benchmark, else the RL stages'
+held-out benchmark if evaluated, else the first benchmark evaluated; the section says which and why) with 95%
+bootstrap intervals, as a table and a figure (``learning_result.png``: accuracy per model with error bars beside
+the training reward across the RL stages), the share of tool calls that ran cleanly, the gain of the final model
+over the SFT model in points and whether the intervals overlap, one problem answered by the SFT model and by the
+final model side by side, and the benchmark problem by problem (``lead_per_problem.csv``).
 
 Inputs: each model's ``summary.json`` (``rstar2.metrics.summarise`` entries) and ``<bench>/per_problem.jsonl``
 (first sample's full rollout record), and the RL stages' ``metrics.jsonl``.
@@ -12,13 +13,16 @@ Inputs: each model's ``summary.json`` (``rstar2.metrics.summarise`` entries) and
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
-from .canvas import new_figure, no_data, save
+from ..io import atomic_write_text
+from .canvas import integer_steps, new_figure, no_data, save
 from .document import Figure, Heading, Para, Table
 from .inputs import interval as _ci, iter_json_lines, num, pct
 from .plots import cumulative_x
-from .trajectories import render
+from .trajectories import render, written
 
 FIGURE = "learning_result.png"
 
@@ -65,16 +69,87 @@ def _pair(eval_dirs: dict[str, Path], first: str, last: str, bench: str, notes: 
     return rows[first][best]["sample"], rows[last][best]["sample"]
 
 
+#: Benchmarks checked on whole responses (not graded answers): a lead only when nothing else was evaluated.
+_CHECKED = ("ifeval", "bfcl")
+#: Per-problem rows of the lead benchmark shown in the summary; all of them go to PER_PROBLEM.
+SHOWN_PROBLEMS = 30
+PER_PROBLEM = "lead_per_problem.csv"
+
+
+def evaluated(evals: dict[str, dict | None]) -> list[str]:
+    """The benchmarks some model was evaluated on, in the order of the evaluations (evaluate.benchmarks)."""
+    return list(dict.fromkeys(b for s in evals.values() for b in ((s or {}).get("benchmarks") or {})
+                              if _entry(s, b)))
+
+
+def choose_lead(evals: dict[str, dict | None], preferred: str | None) -> tuple[str | None, str]:
+    """The benchmark the report leads with, and one sentence saying which and why: ``preferred``
+    (report.lead_benchmark, else rl.heldout.benchmark: ``ReportParams.lead_benchmark``) if this run evaluated it,
+    else the first evaluated benchmark graded on answers (IFEval and BFCL only when nothing else was). A preferred
+    one that was not evaluated is named, with the keys that change the choice."""
+    done = evaluated(evals)
+    if not done:
+        return None, ("No learning result: this run evaluated no model on any benchmark (evaluate.models, "
+                      "evaluate.benchmarks).")
+    keys = "report.lead_benchmark (else rl.heldout.benchmark)"
+    if preferred in done:
+        return preferred, f"Lead benchmark {preferred}: {keys}."
+    kinds = {b: e.get("answer_type") for s in evals.values() for b, e in ((s or {}).get("benchmarks") or {}).items()}
+    first = next((b for b in done if kinds.get(b) not in _CHECKED), done[0])
+    if preferred:
+        return first, (f"Lead benchmark {first}: the first benchmark this run evaluated; {keys} names "
+                       f"{preferred!r}, which this run did not evaluate (it evaluated {', '.join(done)}): set "
+                       f"report.lead_benchmark to one of those, or add {preferred!r} to evaluate.benchmarks.")
+    return first, (f"Lead benchmark {first}: the first benchmark this run evaluated (report.lead_benchmark chooses "
+                   f"another: {', '.join(done)}).")
+
+
+def _problems(e: dict) -> str:
+    """``n`` or ``n of N`` problems: a run that evaluated fewer than the benchmark has says so."""
+    n, total = num(e.get("n_problems")), num(e.get("n_available"))
+    if n is None:
+        return "–"
+    return f"{int(n)} of {int(total)}" if total is not None and total > n else str(int(n))
+
+
+def per_problem(eval_dirs: dict[str, Path], models: list[str], bench: str, notes: list[str]) -> tuple[list, list]:
+    """(header, rows) of the lead benchmark's problems: id, gold as written, then per model its first answer and
+    how many of its samples were correct."""
+    by_model = {m: {r.get("id"): r for r in iter_json_lines(Path(eval_dirs[m]) / bench / "per_problem.jsonl", notes)}
+                for m in models if m in eval_dirs}
+    ids = list(dict.fromkeys(i for rows in by_model.values() for i in rows))
+    header = ["problem", "gold"] + [f"{m}: {what}" for m in by_model for what in ("answer", "correct")]
+    rows = []
+    for i in ids:
+        found = [r for r in (rows_.get(i) for rows_ in by_model.values()) if r]
+        gold = next((g for r in found if (g := r.get("answer", (r.get("sample") or {}).get("gold"))) is not None), None)
+        row = [str(i), written(gold) if gold is not None else "–"]
+        for m, rows_ in by_model.items():
+            r = rows_.get(i) or {}
+            sample = r.get("sample") if isinstance(r.get("sample"), dict) else {}
+            preds = r.get("preds") or ([sample["pred"]] if "pred" in sample else [])
+            rewards = [num(x) or 0 for x in r.get("rewards") or ([sample["reward"]] if "reward" in sample else [])]
+            row += [written(preds[0]) if preds else "–",
+                    f"{sum(x > 0 for x in rewards)}/{len(rewards)}" if rewards else "–"]
+        rows.append(row)
+    return header, rows
+
+
 def lead_section(evals: dict[str, dict | None], eval_dirs: dict[str, Path], stages: dict[str, list[dict]],
-                 bench: str | None, notes: list[str]) -> list:
+                 bench: str | None, notes: list[str], why: str | None = None, out: Path | None = None) -> list:
     """Blocks of the report's first section (empty without a lead benchmark; a one-line note when it was not
-    evaluated in this run, so its absence is not silent)."""
+    evaluated in this run, so its absence is not silent). ``why``: ``choose_lead``'s sentence, shown first.
+    ``out``: where the lead benchmark's per-problem table is written whole (``PER_PROBLEM``)."""
     if not bench:
-        return []
+        return [Para(why)] if why else []
     if not any(_entry(s, bench) for s in evals.values()):
-        return [Para(f"No learning result: the lead benchmark {bench!r} (report.lead_benchmark, else "
-                     "rl.heldout.benchmark) was not evaluated in this run; add it to evaluate.benchmarks.")]
-    blocks: list = [Heading(f"Learning result: held-out accuracy on {bench}")]
+        done = evaluated(evals)
+        return [Para(f"No learning result: the lead benchmark {bench!r} was not evaluated in this run"
+                     + (f" (it evaluated {', '.join(done)}): set report.lead_benchmark to one of those, or add "
+                        f"{bench!r} to evaluate.benchmarks." if done else "; add it to evaluate.benchmarks."))]
+    blocks: list = [Heading(f"Learning result: accuracy on {bench}")]
+    if why:
+        blocks.append(Para(why))
     head = headline(evals, bench)
     if head:
         m0, m1, gain, overlap = head
@@ -86,17 +161,28 @@ def lead_section(evals: dict[str, dict | None], eval_dirs: dict[str, Path], stag
         if not e:
             continue
         lo, hi = _ci(e)
-        rows.append([m, f"{_fmt(pct(e['avg_at_k']))} [{_fmt(lo)}, {_fmt(hi)}]", str(e.get("n_problems", "–")),
+        rows.append([m, f"{_fmt(pct(e['avg_at_k']))} [{_fmt(lo)}, {_fmt(hi)}]", _problems(e),
                      str(e.get("k", "–")), _fmt(pct(e.get("tool_ok_ratio"))), _fmt(num(e.get("mean_tool_calls")), 2),
                      _fmt(pct(e.get("truncation_ratio")))])
     blocks.append(Table(["model", "accuracy % [95% CI]", "problems", "samples", "clean tool calls %",
                          "tool calls / trajectory", "truncated %"], rows,
-                        caption="avg@k on held-out problems no RL stage trained on; 95% bootstrap interval over problems"))
-    blocks.append(Figure(FIGURE, "held-out accuracy per model (95% CI) and the training reward across the RL stages"))
+                        caption=f"avg@k on {bench}; 95% bootstrap interval over problems; problems: evaluated "
+                                "(of the benchmark's, where evaluate.limit took fewer)"))
+    blocks.append(Figure(FIGURE, f"{bench}: accuracy per model (95% CI) and the training reward across the RL stages"))
+    header, table = per_problem(eval_dirs, [m for m, s in evals.items() if _entry(s, bench)], bench, notes)
+    if table:
+        if out is not None:
+            buf = io.StringIO()
+            csv.writer(buf, lineterminator="\n").writerows([header] + table)
+            atomic_write_text(Path(out) / PER_PROBLEM, buf.getvalue())
+        more = f"; all {len(table)} in {PER_PROBLEM}" if len(table) > SHOWN_PROBLEMS else ""
+        blocks.append(Table(header, table[:SHOWN_PROBLEMS],
+                            caption=f"{bench}, problem by problem: the gold as written, each model's first answer "
+                                    f"and its correct samples{more}"))
     if head:
         pair = _pair(eval_dirs, head[0], head[1], bench, notes)
         if pair:
-            blocks.append(Heading(f"One held-out problem, {head[0]} and {head[1]}", 3))
+            blocks.append(Heading(f"One problem of {bench}, {head[0]} and {head[1]}", 3))
             blocks += render(f"{head[0]} · {pair[0].get('problem_id')}", pair[0])
             blocks += render(f"{head[1]} · {pair[1].get('problem_id')}", pair[1])
     return blocks
@@ -116,7 +202,7 @@ def plot_lead(evals: dict[str, dict | None], stages: dict[str, list[dict]], benc
                [(hi if hi is not None else y) - y for y, (_, hi) in zip(ys, cis)]]
         ax1.bar(range(len(scored)), ys, yerr=err, capsize=6, color="tab:blue", alpha=0.8)
         ax1.set_xticks(range(len(scored)), [m for m, _ in scored])
-        ax1.set_ylabel("held-out accuracy, %")
+        ax1.set_ylabel(f"{bench} accuracy, %")
         ax1.set_ylim(0, 100)
         for x, y in enumerate(ys):
             ax1.text(x, y + 2, f"{y:.0f}", ha="center")
@@ -133,6 +219,7 @@ def plot_lead(evals: dict[str, dict | None], stages: dict[str, list[dict]], benc
     for name, start, end in spans[1:]:
         ax2.axvline(start, color="0.7", ls=":")
     if drawn:
+        integer_steps(ax2)
         ax2.set_xlabel("RL step (cumulative over stages)")
         ax2.set_ylabel("training reward (mean of drawn rollouts)")
         ax2.set_ylim(-0.02, 1.02)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .ablation import ablation_section, plot_ablation  # noqa: F401  (the report stage's ablation entry points)
-from .canvas import new_figure, no_data, save
+from .canvas import integer_steps, new_figure, no_data, save
 from .document import Figure, Heading, Para, Table
 from .inputs import accuracy_interval as _ci, num
 
@@ -37,6 +37,7 @@ def plot_learning(heldout: dict[str, list[dict]], path: Path, dpi: int) -> None:
     if not drawn:
         no_data(ax, "no held-out evaluation during RL")
     else:
+        integer_steps(ax)
         ax.set_xlabel("RL step (step 0 = the SFT model; dotted: joins evaluations, not measured between them)")
         ax.set_ylabel("held-out accuracy, % (95% CI)")
         ax.set_ylim(0, 100)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import paper
-from .canvas import NO_DATA, new_figure, no_data, save
+from .canvas import NO_DATA, integer_steps, new_figure, no_data, save
 from .inputs import num as _num, pct as _pct
 
 #: Panels of training_curves.png: (title, [(metrics key, label, line style)]). A key no stage logged is skipped;
@@ -71,6 +71,7 @@ def plot_training(stages: dict[str, list[dict]], path: Path, dpi: int):
             continue
         for name, start, end in spans[1:]:
             ax.axvline(start, color="0.6", lw=0.8, ls=":")
+        integer_steps(ax)
         ax.set_xlabel("RL step (cumulative across stages)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")

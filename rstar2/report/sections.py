@@ -11,6 +11,10 @@ from .document import Figure, Heading, Para, Table
 from .inputs import benchmarks_of, interval, num, pct
 
 
+#: Decontaminated problems named in the funnel section (all of them are in rl_candidates/dropped.jsonl).
+SHOWN_CONTAMINATED = 20
+
+
 def fmt(x, digits: int = 1) -> str:
     v = num(x)
     return "–" if v is None else f"{v:.{digits}f}"
@@ -37,20 +41,32 @@ def _ci(e: dict) -> tuple[float | None, float | None]:
     return interval(e, min_problems=2)
 
 
+def _subset(e: dict) -> str:
+    """`` (n of N problems)`` when the run evaluated fewer problems than the benchmark has (evaluate.limit)."""
+    n, total = num(e.get("n_problems")), num(e.get("n_available"))
+    return f" ({int(n)} of {int(total)} problems)" if n is not None and total is not None and total > n else ""
+
+
 def _with_ci(e: dict | None) -> str:
     if not isinstance(e, dict) or num(e.get("avg_at_k")) is None:
         return "–"
     lo, hi = _ci(e)
     txt = fmt(pct(e["avg_at_k"]))
     if lo is None and num(e.get("n_problems")) == 1:
-        return txt + " (n=1)"
-    return txt + (f" [{lo:.1f}, {hi:.1f}]" if lo is not None and hi is not None else "")
+        return txt + (_subset(e) or " (n=1)")
+    return txt + (f" [{lo:.1f}, {hi:.1f}]" if lo is not None and hi is not None else "") + _subset(e)
+
+
+def _problems(e: dict) -> str:
+    n, total = num(e.get("n_problems")), num(e.get("n_available"))
+    return fmt_int(n) + (f" of {fmt_int(total)}" if n is not None and total is not None and total > n else "")
 
 
 def evaluation(evals: dict[str, dict | None]) -> list:
     """The evaluation tables: math beside the paper's Table 3 (our models, then the paper's rows in the
-    columns we evaluated), generalisation beside Table 5 (GPQA-Diamond, BFCL, IFEval, Arena-Hard), the
-    per-benchmark details, the IFEval and BFCL checker metrics, and the full Table 3 for reference."""
+    columns we evaluated), generalisation beside Table 5 in the columns we evaluated (GPQA-Diamond, BFCL, IFEval),
+    the per-benchmark details, the IFEval and BFCL checker metrics, and one line naming the paper's columns this
+    run did not evaluate."""
     blocks: list = [Heading("Evaluation")]
     benches = benchmarks_of(evals)
     math = {b: c for b, c in benches.items() if c not in paper.TABLE5_COLUMNS}
@@ -73,21 +89,26 @@ def evaluation(evals: dict[str, dict | None]) -> list:
         blocks += generalisation(models, benches)
         blocks += _details(models, benches)
         blocks += checker_details(models)
-    blocks += [Heading("Paper Table 3 (pass@1, %)", 3),
-               Table(["model", "reasoning SFT"] + paper.TABLE3_COLUMNS,
-                     [[name, {True: "yes", False: "no", None: "–"}[sft]] + [fmt(v.get(c)) for c in paper.TABLE3_COLUMNS]
-                      for name, sft, v in paper.TABLE3])]
+    done = set(benches.values()) if models else set()
+    rest = [f"{', '.join(c for c in cols if c not in done)} (Table {t})"
+            for t, cols in (("3", paper.TABLE3_COLUMNS), ("5", paper.TABLE5_COLUMNS)) if set(cols) - done]
+    if rest:
+        blocks.append(Para("Paper columns this run did not evaluate: " + "; ".join(rest) + ". The paper's numbers "
+                           "for every column are in rstar2/report/paper.py."))
     return blocks
 
 
 def generalisation(models: dict[str, dict], benches: dict[str, str | None]) -> list:
     """Our models beside paper Table 5, one column per Table 5 benchmark (``–``: not evaluated in this run)."""
     by_col = {c: b for b, c in benches.items() if c in paper.TABLE5_COLUMNS}
-    rows = [[m, "this run"] + [_with_ci((s.get("benchmarks") or {}).get(by_col[c])) if c in by_col else "–"
-                               for c in paper.TABLE5_COLUMNS] for m, s in models.items()]
-    rows += [[name, "paper Table 5"] + [fmt(v.get(c)) for c in paper.TABLE5_COLUMNS] for name, v in paper.TABLE5]
+    cols = [c for c in paper.TABLE5_COLUMNS if c in by_col]
+    if not cols:
+        return []
+    rows = [[m, "this run"] + [_with_ci((s.get("benchmarks") or {}).get(by_col[c])) for c in cols]
+            for m, s in models.items()]
+    rows += [[name, "paper Table 5"] + [fmt(v.get(c)) for c in cols] for name, v in paper.TABLE5]
     return [Heading("Generalisation beside paper Table 5 (%)", 3),
-            Table(["model", "source"] + paper.TABLE5_COLUMNS, rows,
+            Table(["model", "source"] + cols, rows,
                   caption="GPQA-Diamond: avg@k pass@1 on the option letter; BFCL: bfcl-eval's AST checker on the "
                           "single-turn Python categories evaluated here, unweighted mean over categories (the "
                           "paper's BFCL v3 overall also averages live and multi-turn categories); IFEval: lm-eval's "
@@ -105,7 +126,7 @@ def _details(models: dict[str, dict], benches: dict[str, str | None]) -> list:
             col = benches.get(b)
             ref = paper.reference(paper.OURS, col) if col else None
             ref_len = paper.TABLE4_LENGTH[paper.OURS].get(col) if col else None
-            rows.append([m, b, e.get("answer_type", "–"), fmt_int(e.get("n_problems")), fmt_int(e.get("k")),
+            rows.append([m, b, e.get("answer_type", "–"), _problems(e), fmt_int(e.get("k")),
                          fmt(pct(e.get("avg_at_k"))),
                          f"[{fmt(lo)}, {fmt(hi)}]" if lo is not None else
                          ("– (n=1)" if num(e.get("n_problems")) == 1 else "–"),
@@ -174,6 +195,16 @@ def funnel(funnel_: dict | None, figure: str | None) -> list:
     if decon:
         blocks += [Heading("Decontamination (problems removed per benchmark)", 3),
                    Table(["benchmark", "removed"], [[b, fmt_int(n)] for b, n in decon.items()])]
+    named = [r for r in funnel_.get("contaminated") or [] if isinstance(r, dict)]
+    if named:
+        more = f" (the first {SHOWN_CONTAMINATED} of {len(named)})" if len(named) > SHOWN_CONTAMINATED else ""
+        blocks.append(Table(["problem id", "source", "shares an n-gram with", "problem (start)"],
+                            [[r.get("id"), r.get("source"), ", ".join(r.get("benchmarks") or []), r.get("problem")]
+                             for r in named[:SHOWN_CONTAMINATED]],
+                            caption=f"The problems decontamination removed{more}."))
+    if drops:
+        blocks.append(Para("Every dropped row, with its step and reason: results/rl_candidates/dropped.jsonl "
+                           "(curation) and results/rl_data/dropped.jsonl (prompt length, label verification)."))
     if figure:
         blocks.append(Figure(figure, "RL data funnel"))
     return blocks

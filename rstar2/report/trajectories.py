@@ -23,6 +23,14 @@ def _cut(text: str, limit: int = MAX_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n… ({len(text) - limit:,} more characters not shown)"
 
 
+def written(answer) -> str:
+    """An answer or gold as written (``\\frac{2}{3}``, not its Python repr with doubled backslashes); ``none``
+    for no answer, ``""`` for an empty one."""
+    if answer is None:
+        return "none"
+    return str(answer) if str(answer) else '""'
+
+
 def pick(records: list[dict], n: int) -> list[dict]:
     """Up to ``n`` varied records, deterministically: first a correct one, one that called the tool, one that
     was wrong, one kept by RoC, then the rest in file order."""
@@ -83,7 +91,7 @@ def render(title: str, rec: dict) -> list:
     calls = sum(len(t.get("tool_calls") or []) for t in turns)
     reward = num(rec.get("reward"))
     facts = [f"reward {reward:g}" if reward is not None else "reward –",
-             f"answer {rec.get('pred')!r}", f"gold {rec.get('gold')!r}",
+             f"answer {written(rec.get('pred'))}", f"gold {written(rec.get('gold'))}",
              f"finish: {rec.get('finish_reason') or '–'}", f"{len(turns)} turns", f"{calls} tool calls"]
     if rec.get("response_tokens") is not None:
         facts.append(f"{rec['response_tokens']} response tokens")
@@ -103,7 +111,7 @@ def render(title: str, rec: dict) -> list:
                 blocks.append(Code(_cut(call["code"]), "python", label=f"turn {i}, tool call {j}: code"))
             blocks.append(Code(_cut(str(call.get("output") or "")) or "(no output)",
                                label=f"turn {i}, tool call {j}: output ({status})"))
-    blocks.append(Para(f"Final answer: {rec.get('pred')!r} (gold {rec.get('gold')!r}) → reward "
+    blocks.append(Para(f"Final answer: {written(rec.get('pred'))} (gold {written(rec.get('gold'))}) → reward "
                        f"{reward if reward is not None else '–'}"))
     return blocks
 

@@ -61,8 +61,9 @@ def _first_per_group(probs: list[dict], limit: int) -> list[dict]:
     return out
 
 
-def _load_problems(ev: EvaluateParams) -> dict[str, tuple[str, list[dict]]]:
-    """``{bench: (answer_type, problems)}``, the first ``limit`` problems of each (of each BFCL category);
+def _load_problems(ev: EvaluateParams) -> dict[str, tuple[str, list[dict], int]]:
+    """``{bench: (answer_type, problems, problems in the benchmark)}``, the first ``limit`` problems of each (of
+    each BFCL category);
     every gold or checker reference is checked first, so a data error stops the stage before any rollout,
     naming the benchmark, file and problem."""
     from .. import grading
@@ -72,7 +73,8 @@ def _load_problems(ev: EvaluateParams) -> dict[str, tuple[str, list[dict]]]:
     out = {}
     for bench, spec in ev.benchmarks.items():
         kind = answer_type(spec).name
-        probs = _first_per_group(load_benchmark(bench, spec), ev.limits.get(bench, ev.limit))  # overrides
+        everything = load_benchmark(bench, spec)
+        probs = _first_per_group(everything, ev.limits.get(bench, ev.limit))  # overrides
         for p in probs:
             if kind in grading.CHECKERS:
                 try:
@@ -82,7 +84,7 @@ def _load_problems(ev: EvaluateParams) -> dict[str, tuple[str, list[dict]]]:
             elif not gold_is_valid(p["answer"], kind):
                 raise ValueError(f"benchmark {bench!r} ({spec.get('path')}), problem {p['id']}: "
                                  f"gold answer {p['answer']!r} cannot be parsed as a {kind!r} answer")
-        out[bench] = (kind, probs)
+        out[bench] = (kind, probs, len(everything))
     return out
 
 
@@ -182,7 +184,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
              "checked": (dataclasses.replace(base, temperature=0.0, max_turns=1), 1)}
     for plan, (rcfg, k) in plans.items():
         todo = []             # all benchmarks share each batch, so short sets do not idle the engine
-        for bench, (kind, probs) in problems.items():
+        for bench, (kind, probs, _) in problems.items():
             if (kind in grading.CHECKERS) != (plan == "checked"):
                 continue
             done = {r["id"] for r in read_jsonl(out / bench / "per_problem.jsonl")}
@@ -214,7 +216,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
             progress(start + len(batch), len(todo))
     shutdown_vllm()  # rollout.engine vllm: the AsyncLLM is done (nothing else when there is none)
     summary = {"model": model_name, "benchmarks": {}}
-    for bench, (kind, probs) in problems.items():
+    for bench, (kind, probs, available) in problems.items():
         ids = {str(p["id"]) for p in probs}
         path = out / bench / "per_problem.jsonl"
         rows = [r for r in read_jsonl(path) if r["id"] in ids] if path.exists() else []
@@ -224,6 +226,7 @@ def run(params: dict, model_name: str, model_dir: str, out_dir: str) -> None:
         if checked and rows:
             entry.update(_checked_summary(kind, rows, spec))
         entry["answer_type"] = kind
+        entry["n_available"] = available   # the benchmark's problems; n_problems were evaluated (evaluate.limit)
         if spec.get("paper"):  # optional in a benchmark spec: no default
             entry["paper"] = spec["paper"]
         summary["benchmarks"][bench] = entry

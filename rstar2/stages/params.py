@@ -106,8 +106,8 @@ class RLDataParams:
     decontaminate_against: list
     ngram: int
     max_abs_answer: int
-    limit: int
     max_filtered_share: float | dict
+    limit: int
     near_dedupe: NearDedupeParams
     boilerplate_min_problems: int
     benchmarks: dict
@@ -211,7 +211,8 @@ class EvaluateParams:
 @dataclass(frozen=True)
 class ReportParams:
     """``report``: title, figure resolution, sample trajectories per model and stage, and the benchmark whose
-    held-out accuracy per model leads the report (``report.lead_benchmark``, else ``rl.heldout.benchmark``);
+    accuracy per model leads the report if evaluated (``report.lead_benchmark``, else ``rl.heldout.benchmark``;
+    else the first benchmark evaluated: ``rstar2.report.lead.choose_lead``);
     ``made_from``: what the run was made from, named under the title (model spec, seed, reproducible, config files).
     """
     title: str

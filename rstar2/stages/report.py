@@ -64,8 +64,10 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
 
     Args:
         params: ``rstar2.stages.params.ReportParams`` or its JSON dict: ``dpi``, ``title``, ``samples``
-            (trajectories shown per evaluated model and per RL stage), ``lead_benchmark`` (the benchmark of the
-            first section, "Learning result"; None = no such section), ``made_from`` (named under the title).
+            (trajectories shown per evaluated model and per RL stage), ``lead_benchmark`` (the first section,
+            "Learning result", leads with it if evaluated, else with the first benchmark evaluated:
+            ``rstar2.report.lead.choose_lead``; the one chosen is recorded in the manifest as ``lead_benchmark``),
+            ``made_from`` (named under the title).
         inputs: ``{"rl_stages": {"stage1": dir, ...} (any subset), "eval": {model_name: dir},
             "rl_data": dir}``; any key may be missing, any directory may lack its files.
         out_dir: e.g. ``results/report``.
@@ -83,7 +85,8 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     doc.add(Para(made_from_line(p.made_from)))
     if (prec := precision_line(got.manifests)) is not None:
         doc.add(Para(prec))
-    doc.add(*lead.lead_section(got.evals, got.eval_dirs, got.stages, p.lead_benchmark, got.notes))
+    bench, why = lead.choose_lead(got.evals, p.lead_benchmark)
+    doc.add(*lead.lead_section(got.evals, got.eval_dirs, got.stages, bench, got.notes, why=why, out=out))
     doc.add(*sections.evaluation(got.evals), Heading("Evaluation figure", 3),
             Figure("eval.png", "avg@k per benchmark with 95% bootstrap CI, beside the paper's numbers"))
     doc.add(*sections.funnel(got.funnel, "funnel.png"))
@@ -96,7 +99,7 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     if got.notes:
         doc.add(Heading("Notes"), *[Para(n) for n in got.notes])
 
-    lead.plot_lead(got.evals, got.stages, p.lead_benchmark, out / lead.FIGURE, dpi)
+    lead.plot_lead(got.evals, got.stages, bench, out / lead.FIGURE, dpi)
     plots.plot_training(got.stages, out / "training_curves.png", dpi)
     plots.plot_funnel(got.funnel, out / "funnel.png", dpi)
     plots.plot_eval(got.evals, report_inputs.benchmarks_of(got.evals), out / "eval.png", dpi)
@@ -118,5 +121,5 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
         "trajectories": shown,
         "ablation_runs": len(got.ablation),
         "notes": len(got.notes),
-    }, started=t0)
+    }, started=t0, extra={"lead_benchmark": bench})
 
