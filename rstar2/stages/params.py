@@ -31,6 +31,7 @@ class TinyModelParams:
     hidden_size: int
     num_layers: int
     num_heads: int
+    stop_early: bool      # turns end after a few tokens (rstar2.models.tiny_qwen3)
 
 
 @dataclass(frozen=True)
