@@ -321,3 +321,34 @@ def check_heldout(config: dict) -> None:
             check_disjoint(heldout, load_source(src), name, f"rl_data source {src.get('name', src.get('path'))!r}")
         except ValueError as e:
             raise ValueError(f"config: {e}") from None
+
+
+def check_before_jobs(config: dict, cache_dir: str) -> tuple[list[str], dict, list[tuple[str, int]]]:
+    """Every check ``workflow/rules/common.smk`` runs on a schema-validated config when Snakemake builds the DAG, in
+    its order; the tests call this one function instead of a ``snakemake -n`` per refused config. Paths in the
+    config are relative to the working directory (the workflow folder).
+
+    Returns:
+        (the enabled RL stages in order, the folder of each trainable model by name, the ablation runs)
+    Raises:
+        ValueError: the first refusal (one line starting ``config:``), from :func:`check_config`,
+            :func:`cached_check`, :func:`check_rl_sources`, :func:`check_reward`, :func:`check_sft_sources` or
+            :func:`check_benchmarks`.
+    """
+    # RL stages run in order; a null stage ends the pipeline at the one before (configs/cpu-learning.yaml: stage 1)
+    rl_stages = [s for s in ("stage1", "stage2", "stage3") if config["rl"]["stages"].get(s)]
+    model_dirs = {"base": "results/base_model", "sft": "results/sft",
+                  **{f"rl_{s}": f"results/rl/{s}" for s in rl_stages}}
+    # names, stage order, ablation shape: the config alone
+    ablation_runs = check_config(config, rl_stages, model_dirs)
+    # the RL held-out benchmark loads and shares no problem with the training sources (cached: loading is slow)
+    cached_check(config, cache_dir)
+    # every local rl_data source loads (field mapping, filters, rows); cached the same way
+    check_rl_sources(config, cache_dir)
+    # rl.reward: a user reward function imports, takes (completion, answer, answer_type) and answers one real row
+    check_reward(config)
+    # every local sft_data file source reads and converts (no tool call is run)
+    check_sft_sources(config, cache_dir)
+    # every local benchmark the evaluate stage reads loads now (field mapping, rows), not after SFT
+    check_benchmarks(config)
+    return rl_stages, model_dirs, ablation_runs

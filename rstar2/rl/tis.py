@@ -28,8 +28,10 @@ A trajectory without sampler log-probabilities (an engine that reports none) kee
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:   # torch is imported where it is used: the workflow parses TISConfig without it (stages/params.py)
+    import torch
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ def tis_weights(learner_old: torch.Tensor, sampler: torch.Tensor, mask: torch.Te
     Returns (weights (B, C) float32 on learner_old's device, 1 off the loss tokens; clipped: loss tokens whose
     ratio exceeded cap; count: loss tokens). Raises ValueError for cap <= 0.
     """
+    import torch
+
     if not cap > 0:
         raise ValueError(f"rl.tis.cap must be > 0, got {cap!r}")
     keep = mask.to(learner_old.device).bool()
@@ -96,6 +100,8 @@ class TISStats:
         (None when off). ``gather``: a function of a 1-D float tensor returning the concatenation over processes."""
         if not self.enabled:
             return {"tis_enabled": False, "tis_clipped_share": None, "tis_uncorrected_tokens": None}
+        import torch
+
         stats = torch.tensor([self.clipped, self.count, self.uncorrected], dtype=torch.float64)
         if gather is not None:
             stats = gather(stats).reshape(-1, 3).sum(0)

@@ -14,8 +14,7 @@ from rstar2.reproduce import code_version
 from rstar2.params import to_dict as params_dict
 from rstar2.stages import params as stage_params
 from rstar2.config_schema import validate_config
-from rstar2.workflow_checks import (cached_check, check_benchmarks, check_config, check_data_files, check_reward,
-                                    check_rl_sources, check_sft_sources)
+from rstar2.workflow_checks import check_before_jobs, check_data_files
 
 
 # A refused value is one line naming its key (Snakemake's own validate prints the whole schema and config).
@@ -37,28 +36,10 @@ os.environ.update(RSTAR2_CHECKPOINT_EVERY=str(config["rl"]["checkpoint_every"]))
 # Nor does when an RL run stops for failing infrastructure (rl.faults): RSTAR2_RL_FAULTS, read by `rstar2 rl`.
 os.environ.update(RSTAR2_RL_FAULTS=json.dumps(config["rl"]["faults"]))
 
-# RL stages run in order; a null stage ends the pipeline at the one before (configs/cpu-learning.yaml runs stage 1).
-RL_STAGES = [s for s in ("stage1", "stage2", "stage3") if config["rl"]["stages"].get(s)]
-
-MODEL_DIRS = {
-    "base": "results/base_model",
-    "sft": "results/sft",
-    **{f"rl_{s}": f"results/rl/{s}" for s in RL_STAGES},
-}
-
-# Names, stage order, ablation shape: cheap checks of the config alone (rstar2/workflow_checks.py).
-ABLATION_RUNS = check_config(config, RL_STAGES, MODEL_DIRS)
-# Files: every local dataset must exist; the RL held-out benchmark must load and share no problem with the training
-# sources. Loading the sources is the slow part, so its result is cached by the files' size and mtime.
-cached_check(config, ".snakemake/rstar2_checks")
-# Every local rl_data source loads (field mapping, filters, rows) before any job starts; cached the same way.
-check_rl_sources(config, ".snakemake/rstar2_checks")
-# rl.reward: a user reward function imports, takes (completion, answer, answer_type) and answers one real row.
-check_reward(config)
-# And every local sft_data file source reads and converts (no tool call is run).
-check_sft_sources(config, ".snakemake/rstar2_checks")
-# Every local benchmark the evaluate stage reads loads now (field mapping, rows), not after SFT.
-check_benchmarks(config)
+# Every check that must fail before any job runs (names, stage order, ablation shape, data files, held-out
+# benchmark, RL and SFT sources, rl.reward, benchmarks): rstar2/workflow_checks.py check_before_jobs, which the
+# tests call directly. The slow ones (loading sources) are cached by the files' size and mtime.
+RL_STAGES, MODEL_DIRS, ABLATION_RUNS = check_before_jobs(config, ".snakemake/rstar2_checks")
 
 
 def report_provenance():
