@@ -69,7 +69,7 @@ def logged(command, training=False):
     and SIGTERM: a Ctrl-C reaches every process of the group, and the line a stopped stage prints on its way out
     (where a rerun resumes) must still reach the log (rstar2/stages/interrupts.py)."""
     tee = "(trap '' INT TERM; exec tee -a {log})" if training else "tee -a {log}"
-    return command + " --log {log} 2>&1 | " + tee
+    return f"{command} --log {{log}} 2>&1 | {tee}"
 
 
 TRAINING_RULES = ("sft", "rl", "rl_keeping_optimizer")
@@ -227,8 +227,9 @@ def _rl_memory_plan():
         print("\n".join(workflow_estimate(config, RL_STAGES, plans, shape, gpus,
                                           gen.get("gpu", 0) * gen.get("nodes", 1))), file=sys.stderr)
     if errors:
+        listed = "\n  ".join(errors)
         raise ValueError("config: the RL memory plan does not fit (rstar2/rl/memory_plan.py) or a GPU stage would "
-                         "fail (rstar2/rl/dag_checks.py):\n  " + "\n  ".join(errors))
+                         f"fail (rstar2/rl/dag_checks.py):\n  {listed}")
 
 
 def model_dir(wildcards):
