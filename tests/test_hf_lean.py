@@ -10,8 +10,9 @@ from rstar2.rollout import hf_packed
 from rstar2.rollout.hf_cache import decode_cached
 from rstar2.rollout.hf_lean import LeanDecoder
 
-if not hf_packed.available(torch.float32):
-    pytest.skip("this PyTorch build has no oneDNN linear for float32 on this CPU", allow_module_level=True)
+# Only the lean path itself needs oneDNN; the fallback tests below run on every build (test_hf_packed.py likewise).
+needs_onednn = pytest.mark.skipif(not hf_packed.available(torch.float32),
+                                  reason="this PyTorch build has no oneDNN linear for float32 on this CPU")
 
 
 def _model(arch: str):
@@ -33,6 +34,7 @@ def _rows(shared: int):
     return [(None, prefix + torch.randint(3, 500, (n,), generator=g).tolist()) for n in (3, 9, 5)]
 
 
+@needs_onednn
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("shared", [0, 70])   # 70: a common prefix the decode attends to once (MIN_DECODE_PREFIX)
 def test_lean_steps_give_the_forwards_tokens_and_logprobs(arch, shared):
@@ -57,6 +59,7 @@ def test_lean_steps_give_the_forwards_tokens_and_logprobs(arch, shared):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-4, atol=1e-4)
 
 
+@needs_onednn
 @pytest.mark.parametrize("shared", [0, 70])
 def test_lean_writes_the_kv_the_next_turn_reuses(shared):
     """A row that stops on its stop token hands over its KV (context and every new token but the last, written by
@@ -77,9 +80,31 @@ def test_lean_writes_the_kv_the_next_turn_reuses(shared):
 
 
 def test_unsupported_models_decode_through_the_forward():
+    if hf_packed.available(torch.float32):
+        assert LeanDecoder.supported(_model("llama"))
     assert not LeanDecoder.supported(_model("llama").double())
     assert not LeanDecoder.supported(_model("llama").to(torch.bfloat16))
     assert LeanDecoder.for_model(_model("llama").double(), {}) is None
     store = {}
     model = _model("llama")
-    assert LeanDecoder.for_model(model, store) is LeanDecoder.for_model(model, store)   # made once per store
+    if hf_packed.available(torch.float32):
+        assert LeanDecoder.for_model(model, store) is LeanDecoder.for_model(model, store)   # made once per store
+
+
+def test_without_onednn_the_default_decode_is_the_forwards(monkeypatch):
+    """A PyTorch build (or CPU) without oneDNN's float32 linear: no lean decoder is made, and the CPU default's
+    decode (pack=True, as the hf engine calls it) gives the plain forward's tokens and log-probabilities."""
+    model = _model("qwen3")
+    runs = {}
+    for pack in (True, False):
+        with monkeypatch.context() as m:
+            if pack:   # what such a build reports (hf_packed.available's probe fails there)
+                m.setattr(hf_packed, "_AVAILABLE", {torch.float32: False})
+                assert not hf_packed.available(torch.float32) and LeanDecoder.for_model(model, {}) is None
+            lps: list = []
+            out = decode_cached(model, _rows(70), [10, 10, 10], -1, 0, 1.0, 1.0, keep=False,
+                                streams=(7, ["a", "b", "c"]), logprobs=lps, pack=pack)
+            runs[pack] = ([ids for ids, _ in out], lps)
+    assert runs[True][0] == runs[False][0]
+    for a, b in zip(runs[True][1], runs[False][1]):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=0)

@@ -10,8 +10,8 @@ from rstar2.rollout import hf_packed
 from rstar2.rollout.hf_cache import decode_cached
 from rstar2.rollout.hf_packed import packed_linears
 
-if not hf_packed.available(torch.float32):
-    pytest.skip("this PyTorch build has no oneDNN linear for float32 on this CPU", allow_module_level=True)
+needs_onednn = pytest.mark.skipif(not hf_packed.available(torch.float32),
+                                  reason="this PyTorch build has no oneDNN linear for float32 on this CPU")
 
 
 def _model():
@@ -23,6 +23,7 @@ def _linears(model):
     return [m for m in model.modules() if type(m) is torch.nn.Linear]
 
 
+@needs_onednn
 def test_packed_logits_and_greedy_tokens_equal_f_linear_and_the_model_is_restored():
     model, tok = _model()
     ids = torch.tensor([tok.encode("What is 6 times 7? Compute it with the tool, please.")])
@@ -42,6 +43,7 @@ def test_packed_logits_and_greedy_tokens_equal_f_linear_and_the_model_is_restore
     assert [g for g, _ in a] == [g for g, _ in b]
 
 
+@needs_onednn
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_store_decodes_the_weights_it_packed_and_a_new_one_the_updated_ones(fused):
     """transformers' default optimizer (fused AdamW) updates weights in place without bumping their version
