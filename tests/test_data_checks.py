@@ -48,7 +48,7 @@ def test_forgetting_answer_type_math_stops_before_any_job_in_one_line(tmp_path):
     print(msg)
     assert "\n" not in msg
     assert msg.startswith("config: rl_data.sources[0] (mine): the integer answer filter (answer_type 'integer') "
-                          "drops 21 of 30 rows (70%): ")
+                          "drops 21 of 30 rows (70.0%): ")
     assert "not_a_number=" in msg and "non_integer_number=" in msg and '"\\frac{2}{3}"' in msg
     assert "above rl_data.max_filtered_share (0.05)" in msg and "set answer_type: math on this source" in msg
     assert not (tmp_path / "stamps").exists(), "a refused check is not cached"
@@ -68,7 +68,7 @@ def test_a_loss_within_the_share_is_a_warning_on_every_run(tmp_path, capsys):
         check_rl_sources(cfg, str(tmp_path / "stamps"))
         err = capsys.readouterr().err
         assert err.count("warning: config: rl_data.sources[0] (mine): the integer answer filter") == 1, err
-        assert 'drops 1 of 30 rows (3%): non_integer_number=1 (e.g. "\\frac{1}{3}")' in err
+        assert 'drops 1 of 30 rows (3.3%): non_integer_number=1 (e.g. "\\frac{1}{3}")' in err
         assert "within rl_data.max_filtered_share (0.05)" in err and "dropped.jsonl" in err
     assert len(list((tmp_path / "stamps").glob("rl-sources-*.ok"))) == 1
 

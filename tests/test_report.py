@@ -486,7 +486,8 @@ def test_a_lead_benchmark_this_run_did_not_evaluate_gives_way_and_the_hint_names
     md = (out / "summary.md").read_text()
     assert "## Learning result: accuracy on aime24" in md
     assert ("Lead benchmark aime24: the first benchmark this run evaluated; report.lead_benchmark (else "
-            "rl.heldout.benchmark) names 'arith_heldout', which this run did not evaluate (it evaluated aime24, math500, aime25): set "
+            "rl.heldout.benchmark) names 'arith_heldout', which this run did not evaluate (it evaluated aime24, math500, "
+            "aime25): set "
             "report.lead_benchmark to one of those, or add 'arith_heldout' to evaluate.benchmarks.") in md
     assert (out / "learning_result.png").read_bytes().startswith(PNG_MAGIC)
 

@@ -76,7 +76,7 @@ def check_answer_filter(funnel: dict, sources: list[dict], shares, where: str = 
             continue
         limit = share_for(name, shares)
         what = (f"{where}: rl_data.sources[{i}] ({name}): the {kind} answer filter (answer_type {kind!r}) drops "
-                f"{lost} of {loaded} rows ({lost / loaded:.0%}): {_seen(funnel, name, reasons)}")
+                f"{lost} of {loaded} rows ({lost / loaded:.1%}): {_seen(funnel, name, reasons)}")
         if lost > limit * loaded:
             raise ValueError(f"{what}; above rl_data.max_filtered_share ({limit:g}): {_fix(name, kind)}")
         warnings.append(f"warning: {what}; within rl_data.max_filtered_share ({limit:g}); each dropped row is "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import shutil
 import time
@@ -147,12 +148,7 @@ def run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_fr
 
 def _run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_from: str | None,
          finishing) -> None:
-    from datasets import Dataset
-
-    from .. import distributed, grading_pool, models, precision
     from ..rl import checkpoints
-    from ..rl.finite_guard import FiniteGuard
-    from ..rl.trainer import PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, rollout_reward
 
     t0 = time.time()
     p = parse(RLParams, params, "rl params")
@@ -164,11 +160,6 @@ def _run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_f
     rows = select_sources(rows, p.sources, f"{p.name} ({data_path})")
     from ..grading import rewards
     rewards.check(p.reward, rows[0])  # a wrong rl.reward fails here too, before any checkpoint or log is touched
-    ps = distributed.process_state(to_dict(p.trainer))
-    P, G = p.prompts_per_step, p.group_size
-    if P % ps.num_processes:
-        raise ValueError(f"rl.prompts_per_step={P} must be a multiple of the number of training processes "
-                         f"({ps.num_processes}): each process rolls out whole groups")
     heldout = _heldout_problems(p)  # a bad held-out file fails here, before any checkpoint or log is touched
     if heldout:
         from ..rl.heldout import check_disjoint
@@ -183,11 +174,24 @@ def _run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_f
     # (a stage stopped by a fault resumes after its limit was raised)
     fp = checkpoints.fingerprint({k: v for k, v in to_dict(p).items()
                                   if k not in ("heldout", "checkpoint_every", "faults")}, model_dir, data_path, carried)
-    with ps.main_process_first():  # the main process puts a finished stage's outputs back; the others see it done
-        if restore_finished(out, fp, write=ps.is_main_process):
-            print(f"[rl] {p.name} had finished with these inputs; its outputs are back from "
-                  f"{finished_root(out)}: no step trained again", flush=True)
-            return
+    # before the heavy imports and the process group: a finished stage is back in seconds (the first process
+    # writes; accelerate and torchrun set RANK)
+    if restore_finished(out, fp, write=os.environ.get("RANK", "0") == "0"):
+        print(f"[rl] {p.name} had finished with these inputs; its outputs are back from {finished_root(out)}: no "
+              "step trained again", flush=True)
+        return
+
+    from datasets import Dataset
+
+    from .. import distributed, grading_pool, models, precision
+    from ..rl.finite_guard import FiniteGuard
+    from ..rl.trainer import PenaltyConfig, RolloutFunc, make_metrics_callback, make_trainer_class, rollout_reward
+
+    ps = distributed.process_state(to_dict(p.trainer))
+    P, G = p.prompts_per_step, p.group_size
+    if P % ps.num_processes:
+        raise ValueError(f"rl.prompts_per_step={P} must be a multiple of the number of training processes "
+                         f"({ps.num_processes}): each process rolls out whole groups")
     with ps.main_process_first():  # the main process clears a stale folder; the others then find it ready
         resume = checkpoints.prepare(ckpt_root, fp)
     resume_step = checkpoints.read_state(resume)["step"] if resume else 0

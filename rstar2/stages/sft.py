@@ -7,6 +7,7 @@ Examples longer than ``max_length`` are dropped explicitly and counted (never si
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -94,22 +95,23 @@ def fingerprint(params: dict, model_dir: str | Path, data_path: str | Path) -> s
 
 
 def _run(params: dict, model_dir: str, data_path: str, out_dir: str, finishing) -> None:
+    t0 = time.time()
+    p = parse(SFTParams, params, "sft params")
+    out = Path(out_dir)
+    fp = fingerprint(to_dict(p), model_dir, data_path)
+    # before the heavy imports and the process group (the first process writes; accelerate and torchrun set RANK)
+    if restore_finished(out, fp, write=os.environ.get("RANK", "0") == "0"):
+        print(f"[sft] the cold start had finished with these inputs; its outputs are back from "
+              f"{finished_root(out)}: nothing trained again", flush=True)
+        return
+
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import SFTTrainer
 
     from .. import distributed, models, precision
 
-    t0 = time.time()
-    p = parse(SFTParams, params, "sft params")
-    out = Path(out_dir)
     ps = distributed.process_state(to_dict(p.trainer))
-    fp = fingerprint(to_dict(p), model_dir, data_path)
-    with ps.main_process_first():  # the main process puts a finished run's outputs back; the others see it done
-        if restore_finished(out, fp, write=ps.is_main_process):
-            print(f"[sft] the cold start had finished with these inputs; its outputs are back from "
-                  f"{finished_root(out)}: nothing trained again", flush=True)
-            return
     out.mkdir(parents=True, exist_ok=True)
     if ps.is_main_process:
         (out / "metrics.jsonl").unlink(missing_ok=True)
