@@ -41,3 +41,11 @@ test: setup-test
 
 clean:
 	rm -rf results logs .snakemake
+
+# The CPU workflow image built from Debian's packages and run on the tiny workflow beside the same run outside it
+# (docs/containers.md; 17 min on 2 busy cores, too long for `make test`, which builds and runs the sandbox image):
+# its log goes to docs/measurements/containers/cpu-tiny.txt.
+.PHONY: container-cpu
+container-cpu: setup
+	scripts/system_deps.sh test
+	scripts/container_cpu_run.sh

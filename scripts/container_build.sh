@@ -21,7 +21,11 @@ BASE=${RSTAR2_BASE:-$(scripts/container_base.sh "${RSTAR2_BASE_TAG:-localhost/rs
 # the base's Python decides which wheels a dependency needs (environment markers; scripts/wheel_closure.py)
 IMAGE_PYTHON=$($CTR run --rm --network none "$BASE" python3 -c 'import platform; print(platform.python_version())')
 IMAGE_PYTHON=$IMAGE_PYTHON scripts/container_wheels.sh "$WHAT" >&2
-# podman --layers=false: one image, no intermediate ones left behind
-extra=(); [ "$($CTR --check)" = podman ] && extra=(--layers=false)
+# podman: the sandbox image as one image (--layers=false: nothing left behind when a test removes it); the CPU image
+# keeps its layers, so a change of code rebuilds only the layers after its pip step
+extra=(); [ "$($CTR --check)" = podman ] && [ "$WHAT" = sandbox ] && extra=(--layers=false)
+old=$($CTR image inspect -f '{{.Id}}' "$TAG" 2>/dev/null || true)
 $CTR build --network none "${extra[@]}" --build-arg "BASE=$BASE" -f "docker/Dockerfile.$WHAT" -t "$TAG" . >&2
+# the image this one replaced, now untagged (not other dangling images: they may be someone else's)
+if [ -n "$old" ] && [ "$old" != "$($CTR image inspect -f '{{.Id}}' "$TAG")" ]; then $CTR rmi "$old" >/dev/null 2>&1 || true; fi
 echo "$TAG"

@@ -3,17 +3,19 @@
 # the image build itself needs no network: pip inside a build may not reach PyPI (here TLS to PyPI goes through a
 # proxy whose certificate only the host trusts).
 #   scripts/container_wheels.sh sandbox|cpu [PIP]     -> build/wheels/sandbox or build/wheels/cpu
-# PIP: a pip of Python 3.11 (the images' Python), default .venv/bin/pip. Pins: requirements.txt, as `make setup`.
+# PIP (argument or environment): a pip of Python 3.11 (the images' Python), default .venv/bin/pip. Pins:
+# requirements.txt, as `make setup`.
 # IMAGE_PYTHON: the image's Python version (X.Y.Z; scripts/container_build.sh asks the base image); what a wheel
 # needs only on that version is added (scripts/wheel_closure.py). Default: PIP's own.
 #   sandbox: docker/requirements-sandbox.txt under requirements.txt's pins
 #   cpu:     what scripts/install_python.sh installs (requirements.txt, the --no-deps wheels) and setuptools (the
-#            host venv's version) for the editable install of rstar2; torch must come out as its CPU build (PyTorch's CPU index, or this
-#            machine's wheel cache: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu where needed)
+#            host venv's version) for the editable install of rstar2; torch must come out as its CPU build
+#            (PyTorch's CPU index, or this machine's wheel cache: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+#            where needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:?usage: $0 sandbox|cpu [PIP]}
-PIP=${2:-.venv/bin/pip}
+PIP=${2:-${PIP:-.venv/bin/pip}}
 OUT=build/wheels/$WHAT
 PY=$(dirname "$(command -v "$PIP")")/python
 ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')

@@ -3,9 +3,9 @@
 `pip wheel` on the host resolves environment markers for the host's Python, and cannot be told another: on 3.11.7 it
 leaves out what a dependency needs only below 3.11.3 (redis: ``async-timeout; python_full_version < "3.11.3"``), which
 Debian bookworm's 3.11.2 in the image then cannot find. This reads each wheel's Requires-Dist and prints, one per
-line, those whose marker holds for ``--python`` and whose project has no wheel in the folder (scripts/container_wheels.sh
-makes wheels of them and asks again until none is left). The wheels named by ``--no-deps`` are installed without their
-dependencies (scripts/install_python.sh): theirs are not asked for.
+line, those whose marker holds for ``--python`` and whose project has no wheel in the folder
+(scripts/container_wheels.sh makes wheels of them and asks again until none is left). The wheels named by
+``--no-deps`` are installed without their dependencies (scripts/install_python.sh): theirs are not asked for.
 
 Usage: python scripts/wheel_closure.py WHEEL_DIR --python 3.11.2 [--no-deps PROJECT ...]
 """
