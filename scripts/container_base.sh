@@ -25,7 +25,8 @@ if [ -n "${RSTAR2_BASE_REFRESH:-}" ] || [ ! -s "$TAR" ]; then
   command -v eatmydata >/dev/null && hooks=(--hook-directory=/usr/share/mmdebstrap/hooks/eatmydata)
   tmp=${TMPDIR:-/tmp}; [ -w /dev/shm ] && tmp=/dev/shm
   echo "container_base: mmdebstrap bookworm ($PACKAGES) -> $TAR" >&2
-  TMPDIR=$tmp mmdebstrap --quiet --variant=minbase "${hooks[@]}" --include="$PACKAGES" bookworm "$TAR.part"
+  rm -rf "$TAR.part"
+  TMPDIR=$tmp mmdebstrap --quiet --format=tar --variant=minbase "${hooks[@]}" --include="$PACKAGES" bookworm "$TAR.part"
   mv "$TAR.part" "$TAR"
 fi
 $CTR import --quiet --change 'CMD ["python3"]' "$TAR" "$TAG" >/dev/null

@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -98,7 +99,8 @@ def fleet(request):
         subprocess.run([CTR, "rmi", "-f", image, base], capture_output=True, timeout=300)
 
     request.addfinalizer(remove)
-    _run(REPO / "scripts" / "container_build.sh", "sandbox", image, env={"RSTAR2_BASE_TAG": base})
+    _run(REPO / "scripts" / "container_build.sh", "sandbox", image,
+         env={"RSTAR2_BASE_TAG": base, "PIP": str(Path(sys.executable).parent / "pip")})   # the wheels: this venv's pip
     port = _free_port()
     url = _run(FLEET, "up", "--name", name, "--image", image, "--port", port, "--workers", 2, "--",
                "--workers", 1, "--lean-workers", 1, "--full-workers", 1, "--timeout-s", 10, timeout=300).strip()
@@ -141,6 +143,28 @@ def test_every_package_of_the_sandbox_image_is_pinned_in_requirements_txt():
     would install whatever is newest."""
     pins, names = _pins(), _sandbox_packages()
     assert len(names) >= 8 and [n for n in names if n.lower() not in pins] == []
+
+
+def test_wheel_closure_adds_what_only_the_images_python_needs(tmp_path):
+    """scripts/wheel_closure.py: a requirement whose marker holds on the image's 3.11.2 but not on the host's 3.11.7
+    is asked for; one for an extra, one already there and those of a --no-deps wheel are not."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.spec_from_file_location("wheel_closure", REPO / "scripts" / "wheel_closure.py")
+    closure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(closure)
+    for wheel, requires in [("redis-8.1.0", ['async-timeout>=4.0.3; python_full_version < "3.11.3"',
+                                             'cryptography>=36; extra == "ocsp"', "packaging"]),
+                            ("packaging-26.4", []), ("bfcl_eval-2026.3.23", ["anthropic>=0.75"])]:
+        with zipfile.ZipFile(tmp_path / f"{wheel}-py3-none-any.whl", "w") as z:
+            z.writestr(f"{wheel}.dist-info/METADATA", "Metadata-Version: 2.1\n" +
+                       "".join(f"Requires-Dist: {r}\n" for r in requires))
+    assert closure.missing(tmp_path, "3.11.2", ("bfcl-eval",)) == ["async-timeout>=4.0.3"]
+    assert closure.missing(tmp_path, "3.11.7", ("bfcl-eval",)) == []
+    assert closure.missing(tmp_path, "3.11.7") == ["anthropic>=0.75"]
+    with pytest.raises(ValueError, match="X.Y.Z"):
+        closure.missing(tmp_path, "3.11")
 
 
 def test_sandbox_image_holds_the_pinned_service_and_no_trainer(fleet):
@@ -212,7 +236,8 @@ def test_model_written_code_cannot_reach_the_host_redis_nor_resolve_a_name(fleet
     (res,) = client.run_many([(PROBE % json.dumps([targets, ["pypi.org", "redis"]]), "")])
     assert res.status == "ok", res.stderr
     got = _probe(res.stdout)
-    assert len(got) == len(targets) + 2 and not [k for k, v in got.items() if v.startswith(("CONNECTED", "RESOLVED"))], got
+    assert len(got) == len(targets) + 2, got
+    assert not [k for k, v in got.items() if v.startswith(("CONNECTED", "RESOLVED"))], got
     assert host_listener["accepted"] == []
 
 
