@@ -76,3 +76,32 @@ def stage_params(builder: str, *args, overrides: dict | None = None, files: tupl
 
     p = getattr(params, builder)(workflow_config(*([overrides] if overrides else []), files=files), *args)
     return p if isinstance(p, dict) else to_dict(p)
+
+
+TINY_UPSTREAM_TARGETS = ("results/sft/manifest.json", "results/rl_data/manifest.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_upstream(tmp_path_factory) -> Path:
+    """A scratch workflow folder in which the tiny DAG's stages before RL ran once per test session (base_model,
+    sft_data, sft, rl_candidates, rl_data on configs/tiny.yaml, seed 0). Tests that run the rest of the DAG start
+    from a copy (:func:`copy_run`) instead of building these again; configs/tiny-vllm.yaml shares them too."""
+    import os
+    import subprocess
+    import sys
+
+    wd = copy_workflow(tmp_path_factory.mktemp("tiny_upstream"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *TINY_UPSTREAM_TARGETS, "--cores", "2", "--configfile",
+                           "configs/tiny.yaml"], cwd=wd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return wd
+
+
+def copy_run(src: Path, dest: Path) -> Path:
+    """A copy of the workflow folder ``src`` with its results and Snakemake's records (``.snakemake``), file times
+    kept, so Snakemake sees the copied stages as finished and up to date."""
+    import shutil
+
+    shutil.copytree(src, dest, symlinks=True)   # copy2: modification times kept
+    return dest

@@ -1,14 +1,15 @@
 """The tiny DAG on real vLLM (its CPU build, requirements-vllm.txt): configs/tiny-vllm.yaml over tiny.yaml puts the
 three RL stages in TRL's colocate mode (``StepVLLMEngine`` on TRL's ``vllm.LLM``, weights reloaded each step),
-hard-problem mining and evaluation on an in-process ``AsyncLLM`` (``rollout.engine: vllm``). The run completes;
-then rl_stage1 runs again in a copy of that workflow folder with the same seed, and ``rstar2 compare-runs`` finds
-no difference in its folder, while within each group the samples differ (per-trajectory seeds,
-rstar2/rollout/vllm_reproducible.py; one seed per group would give G equal samples).
+hard-problem mining and evaluation on an in-process ``AsyncLLM`` (``rollout.engine: vllm``). The run starts from the
+session's upstream stages (conftest ``tiny_upstream``: the overlay reruns SFT only, whose trainer params name the vLLM
+settings) and completes; then rl_stage1 runs again in a copy of that workflow folder with the same seed, and
+``rstar2 compare-runs`` finds no difference in its folder, while within each group the samples differ
+(per-trajectory seeds, rstar2/rollout/vllm_reproducible.py; one seed per group would give G equal samples).
 
-A random tiny model solves nothing, so every RL step's groups are all wrong and dropped (no update): the DAG
-checks the vLLM paths run end to end and repeat; training on vLLM's rollouts, and the weight sync, are
-tests/test_vllm_rl.py's. Runs in scratch copies of the workflow; no network, no model hub. 240 s on a 2-core
-AMD EPYC Zen 5 (the DAG 203 s, the rerun 28 s)."""
+tiny.yaml's reward is one a random model earns part of, so every RL step updates the weights and the next step's
+rollouts come from vLLM after a weight sync: the same-seed rerun compares updated weights generated through those
+syncs. The sampler/learner gap after an update is tests/test_vllm_rl.py's. Runs in scratch copies of the workflow;
+no network, no model hub."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, copy_workflow
+from conftest import REPO_ROOT, copy_run
 from test_workflow import ENV, smk
 from vllm_cpu import ENV as VLLM_CPU_ENV
 
@@ -68,8 +69,8 @@ def test_the_overlay_gives_the_jobs_the_vllm_cpu_tests_environment():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    workdir = copy_workflow(tmp_path_factory.mktemp("vllm_dag") / "a")
+def run(tiny_upstream, tmp_path_factory):
+    workdir = copy_run(tiny_upstream, tmp_path_factory.mktemp("vllm_dag") / "a")
     smk(workdir, "--cores", "2", "--configfile", *CONFIGS, timeout=1800)
     return workdir
 
@@ -84,9 +85,14 @@ def test_tiny_dag_completes_with_rollout_engine_vllm(run):
         params = json.loads((results / stage / "manifest.json").read_text())["params"]
         assert params["rollout"]["engine"] == "vllm", stage
         assert params["rollout"]["vllm"]["env"] == VLLM_CPU_ENV, stage
-    for stage in RL:   # each step's rollouts came from TRL's colocated LLM, synced first
-        assert "[rl] vLLM weights synced at step 0" in (run / "logs" / f"{stage}.log").read_text(), stage
-        assert len(read_jsonl(results / stage / "metrics.jsonl")) == 1, stage
+    steps = yaml.safe_load((REPO_ROOT / CONFIGS[0]).read_text())["rl"]["stages"]
+    for stage in RL:   # each step's rollouts came from TRL's colocated LLM, synced first; every step updated
+        log = (run / "logs" / f"{stage}.log").read_text()
+        rows = read_jsonl(results / stage / "metrics.jsonl")
+        assert len(rows) == steps[stage.split("/")[1]]["steps"], stage
+        assert all(not r["update_skipped"] for r in rows), (stage, rows)
+        for step in range(len(rows)):
+            assert f"[rl] vLLM weights synced at step {step}" in log, (stage, step)
     # evaluation set the overlay's environment before its AsyncLLM started (the stage's own line: vLLM's INFO log
     # is hidden where an earlier test's TRL import left VLLM_LOGGING_LEVEL=ERROR in the environment)
     log = (run / "logs/evaluate_rl_stage3.log").read_text()
