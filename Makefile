@@ -1,13 +1,14 @@
 # make run   : set up the virtual environment (pinned packages) and run the whole pipeline on config.yaml
 #              (make run CONFIG=my.yaml: merged over config.yaml, as snakemake --configfile my.yaml; several: "a.yaml b.yaml")
 # make test  : set up and run the test suite (unit tests + the tiny end-to-end workflow, the docs site in strict mode)
+# make test-fast: the tests not marked slow, for development
 # Both first install missing Debian packages (scripts/system_deps.sh: bubblewrap; for tests also redis-server, chromium).
 PYTHON ?= python3
 VENV   ?= .venv
 CORES  ?= 2
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-test run test clean
+.PHONY: setup setup-test run test test-fast clean
 
 setup: $(VENV)/.installed
 
@@ -35,9 +36,16 @@ run: setup
 	scripts/system_deps.sh run
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake --cores $(CORES) $(if $(CONFIG),--configfile $(CONFIG))
 
+# Every test, with each test's time in build/test-junit.xml (scripts/test_durations.py save keeps a reference run's
+# under docs/measurements/tests/, with the machine it ran on).
 test: setup-test
 	scripts/system_deps.sh test
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra --durations=20
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra --durations=20 --junitxml=build/test-junit.xml
+
+# For development: the tests not marked slow (no workflow, cluster, learning or container runs). CI runs `make test`.
+test-fast: setup-test
+	scripts/system_deps.sh test
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -m "not slow" --durations=10
 
 clean:
 	rm -rf results logs .snakemake
