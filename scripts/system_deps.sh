@@ -21,6 +21,11 @@ esac
 CMD+=([podman]=podman [runc]=runc [netavark]=/usr/lib/podman/netavark [iptables]=iptables [mmdebstrap]=mmdebstrap
       [eatmydata]=eatmydata)
 [ "${1:-run}" = test ] && wanted+=(podman runc netavark iptables mmdebstrap eatmydata)
+# the two-node SLURM cluster of tests/test_two_nodes.py (scripts/netns_slurm.sh): network namespaces and veth pairs
+# (iproute2), munge and the SLURM daemons and clients (scripts/local_slurm.sh installs the same when it starts)
+CMD+=([iproute2]=ip [munge]=/usr/sbin/munged [slurmctld]=/usr/sbin/slurmctld [slurmd]=/usr/sbin/slurmd
+      [slurm-client]=sbatch)
+[ "${1:-run}" = test ] && wanted+=(iproute2 munge slurmctld slurmd slurm-client)
 missing=()
 for pkg in "${wanted[@]}"; do
   if [ -n "${CMD[$pkg]:-}" ]; then command -v "${CMD[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")
