@@ -22,6 +22,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 RL_PARAMS = stage_params("rl", "stage1", overrides={"seed": 3, "tool": {"timeout_s": 3}, "rl": {
     "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2, "oversample": 2, "prompts_per_step": 2,
-    "learning_rate": 1e-2, "warmup_steps": 0, "checkpoint_every": 1, "temperature": 1.0, "top_p": 1.0,
+    "learning_rate": 1e-2, "warmup_steps": 0, "checkpoint_every": 0, "temperature": 1.0, "top_p": 1.0,
     "batch_size": 4, "stages": {"stage1": {"max_response_tokens": 16, "max_turns": 2, "steps": 1}}}})
 LAUNCH = re.compile(r"\[launch\] host=(\S+) addr=(\S+) rank=(\d+)/(\d+) local_rank=(\d+) node=(\d+)/(\d+) "
                     r"rendezvous=(\S+):(\d+) \((\S+)\) pid=\d+")
@@ -80,6 +81,19 @@ def _on(state: Path, node: int, *cmd: str, env: dict, timeout: float = 60) -> su
                           timeout=timeout)
 
 
+def _wait_for(state: Path, job_id: str, env: dict, timeout_s: float) -> dict[str, str]:
+    """SLURM's record of job ``job_id`` (``scontrol show job`` fields) once it has ended; polled every 0.5 s
+    (``sbatch --wait`` polls at growing intervals, seconds apart, which would add to the module's time)."""
+    deadline = time.time() + timeout_s
+    while True:
+        record = _on(state, 0, "scontrol", "show", "job", "--oneliner", job_id, env=env).stdout
+        fields = dict(re.findall(r"(\S+?)=(\S*)", record))
+        if fields.get("JobState") not in (None, "PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return fields
+        assert time.time() < deadline, f"job {job_id} still {fields.get('JobState')} after {timeout_s} s"
+        time.sleep(0.5)
+
+
 def _tx_rx(state: Path, node: int, env: dict) -> tuple[int, int]:
     """Bytes sent and received so far by node ``node``'s interface (eth0, its end of the veth pair)."""
     out = _on(state, node, "cat", "/proc/net/dev", env=env).stdout
@@ -111,13 +125,16 @@ def test_rl_step_across_two_slurm_nodes(cluster, tmp_path):
                                                                 *stage]) + "\n")
     before = [_tx_rx(state, i, env) for i in (0, 1)]
     log = tmp_path / "job.log"
-    r = _on(state, 0, "sbatch", "--parsable", "--wait", "--nodes=2", "--ntasks-per-node=1", f"--chdir={REPO}",
-            f"--output={log}", str(job), env=env, timeout=600)
+    r = _on(state, 0, "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", f"--chdir={REPO}",
+            f"--output={log}", str(job), env=env)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    fields = _wait_for(state, job_id, env, timeout_s=600)
     text = log.read_text() if log.exists() else ""
     launch = [m.groups() for m in LAUNCH.finditer(text)]
     for line in re.findall(r"^\[launch\].*$", text, re.M):
         print(line)
-    assert r.returncode == 0, (r.stderr[-2000:], text[-6000:])
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (fields, text[-6000:])
 
     # one line per process: rank r on node r, each reporting its own host name and its namespace's address, both
     # with the rendezvous on node 0's host name and address
@@ -150,9 +167,6 @@ def test_rl_step_across_two_slurm_nodes(cluster, tmp_path):
         assert "default" not in _on(state, i, "ip", "route", env=env).stdout
 
     # SLURM's own record: the job ran on both nodes
-    job_id = r.stdout.strip().split(";")[0]
-    record = _on(state, 0, "scontrol", "show", "job", "--oneliner", job_id, env=env).stdout
-    fields = dict(re.findall(r"(\S+?)=(\S*)", record))
-    assert (fields["JobState"], fields["NumNodes"]) == ("COMPLETED", "2"), record
+    assert fields["NumNodes"] == "2", fields
     assert _on(state, 0, "scontrol", "show", "hostnames", fields["NodeList"], env=env).stdout.split() == \
-        [nodes["HOST_0"], nodes["HOST_1"]], record
+        [nodes["HOST_0"], nodes["HOST_1"]], fields
