@@ -5,10 +5,11 @@ starts one ``accelerate launch`` per node (srun) for one real ``rstar2 rl`` step
 through the sandbox) with the rendezvous on the first node's address.
 
 Checked: each training process names its host, the address it reaches the rendezvous from, its rank and the
-rendezvous address (``[launch]`` lines, printed by the test); the step ran once over both processes' groups; the
-process group's traffic crossed the veth pair (each node's interface carried at least one gradient all-reduce of
-the model's size); SLURM's record of the job has both nodes; the namespaces are gone afterwards, also when the
-test fails. Not shown: several processes per node, GPUs, a real network between machines.
+rendezvous address (``[launch]`` lines, printed by the test: ``pytest -s``); the step ran once over both processes'
+groups and updated the weights; the process group's traffic crossed the veth pair (each node's end sent and
+received at least the share of a gradient all-reduce that any algorithm sends, half the model's bytes); no node
+has a route out; SLURM's record of the job has both nodes; the namespaces are gone afterwards, also when the test
+fails. Not shown: several processes per node, GPUs, a real network between machines.
 
 The accelerate config is a parameter (ACCELERATE_CONFIG, or $RSTAR2_TWO_NODE_ACCELERATE_CONFIG): the DDP-over-gloo
 config runs here, one process per node; a sharded engine's CPU config goes in its place.
