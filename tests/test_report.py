@@ -556,3 +556,51 @@ def test_the_report_says_which_precision_the_rl_stages_ran_in(tmp_path):
     assert "Precision (RL stages' manifests): training float32, not bf16; rollout float32, not bf16." in text
     report.run(_rp(), {}, str(tmp_path / "r2"))
     assert "Precision" not in (tmp_path / "r2" / "summary.md").read_text()
+
+
+def _stage_with_reward(tmp_path, name, reward):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("".join(json.dumps(_metrics_row(i, 0.75)) + "\n" for i in (1, 2)))
+    params = {"sources": ["mine"]} if reward is None else {"sources": ["mine"], "reward": reward}
+    (d / "manifest.json").write_text(json.dumps({"stage": f"rl_{name}", "params": params,
+                                                 "counts": {"steps": 2, "updates_skipped": 0, "train_problems": 5}}))
+    return str(d)
+
+
+def test_the_rl_section_names_each_stages_reward_and_a_non_answer_reward_is_not_called_accuracy(tmp_path):
+    """configs/tiny.yaml's smoke reward, inherited by an overlay, must not read as solved problems: the section
+    names it from the manifests, warns, and heads the column with what it counts."""
+    smoke = "rstar2.grading.smoke_reward:ascii_letter_share"
+    stages = {"stage1": _stage_with_reward(tmp_path, "stage1", smoke),
+              "stage2": _stage_with_reward(tmp_path, "stage2", smoke)}
+    report.run(_rp(), {"rl_stages": stages}, str(tmp_path / "r"))
+    text = (tmp_path / "r" / "summary.md").read_text()
+    section = text[text.index("## RL training"):]
+    assert f"RL reward (rl.reward, from each stage's manifest): stage1, stage2: {smoke}." in section
+    assert f"Warning: stage1, stage2 trained on {smoke}, not the answer reward" in section
+    assert "ignores the golds" in section and "Set rl.reward: answer to train on the golds" in section
+    header = next(line for line in section.splitlines() if line.startswith("| stage |"))
+    assert "first share with reward > 0 | last share with reward > 0" in header and "accuracy" not in header
+    assert f"stage1, stage2: {smoke}" in (tmp_path / "r" / "summary.html").read_text()
+
+    # the answer reward, and a manifest from before rl.reward was recorded: accuracy, no warning
+    (tmp_path / "b").mkdir()
+    answer = {"stage1": _stage_with_reward(tmp_path / "b", "stage1", "answer"),
+              "stage2": _stage_with_reward(tmp_path / "b", "stage2", None)}
+    report.run(_rp(), {"rl_stages": answer}, str(tmp_path / "r2"))
+    text = (tmp_path / "r2" / "summary.md").read_text()
+    assert ("RL reward (rl.reward, from each stage's manifest): stage1: answer (the paper's binary answer reward, "
+            "§2.2); stage2: not recorded.") in text
+    assert "not the answer reward" not in text
+    header = next(line for line in text.splitlines() if line.startswith("| stage |"))
+    assert "first accuracy | last accuracy" in header
+
+    # a user's reward on stage 2 only: the column is not called accuracy; a note (it may use the golds) names
+    # that stage only
+    (tmp_path / "c").mkdir()
+    mixed = {"stage1": answer["stage1"], "stage2": _stage_with_reward(tmp_path / "c", "stage2", "my_rewards:f")}
+    report.run(_rp(), {"rl_stages": mixed}, str(tmp_path / "r3"))
+    text = (tmp_path / "r3" / "summary.md").read_text()
+    assert "Note: stage2 trained on my_rewards:f, not the answer reward" in text and "Warning: stage" not in text
+    assert "first share with reward > 0" in text

@@ -16,7 +16,8 @@ from .inputs import num as _num, pct as _pct
 #: Panels of training_curves.png: (title, [(metrics key, label, line style)]). A key no stage logged is skipped;
 #: a panel with no key logged says "no data".
 CURVE_PANELS = [
-    ("reward / accuracy", [("reward_mean", "reward mean", "-"), ("accuracy", "accuracy", "--")]),
+    # "accuracy" in metrics.jsonl is the share of rewards > 0: solved problems only under the answer reward
+    ("reward", [("reward_mean", "reward mean", "-"), ("accuracy", "share with reward > 0", "--")]),
     ("response length (tokens)", [("response_length_mean", "mean", "-"), ("response_length_max", "max", ":")]),
     ("tool calls per trajectory", [("tool_calls_per_traj", "tool calls", "-")]),
     ("tool error ratio", [("tool_error_ratio", "all trajectories", "-"),

@@ -1,12 +1,10 @@
-"""The report's sections as document blocks: evaluation beside the paper, data funnel, RL training summary."""
+"""The report's sections as document blocks: evaluation beside the paper, data funnel (the RL training summary:
+``training``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from . import paper
 from .canvas import NO_DATA
-from .faults import faults
 from .document import Figure, Heading, Para, Table
 from .inputs import benchmarks_of, interval, num, pct
 
@@ -210,82 +208,3 @@ def funnel(funnel_: dict | None, figure: str | None) -> list:
     if figure:
         blocks.append(Figure(figure, "RL data funnel"))
     return blocks
-
-
-def _stage_stats(rows: list[dict], manifest: dict | None) -> dict:
-    def series(key):
-        return [v for v in (num(r.get(key)) for r in rows) if v is not None]
-    rewards, acc, times, steps = series("reward_mean"), series("accuracy"), series("step_time_s"), series("step")
-    last = {k: (series(k) or [None])[-1] for k in ("response_length_mean", "tool_error_ratio_pos",
-                                                   "truncation_ratio", "all_correct_frac")}
-    return {
-        "steps": len(rows),
-        "first_reward": rewards[0] if rewards else None, "last_reward": rewards[-1] if rewards else None,
-        "first_acc": acc[0] if acc else None, "last_acc": acc[-1] if acc else None,
-        "last": last,
-        "wall": sum(times) if times else num((manifest or {}).get("wall_time_s")),
-        "last_step": int(steps[-1]) if steps else None,
-    }
-
-
-def _trained_on(manifest: dict | None) -> tuple[str, str]:
-    """(the rl_data sources and data file a stage trained on, "problems / updates") from its manifest."""
-    if not manifest:
-        return "–", "–"
-    params, counts = manifest.get("params") or {}, manifest.get("counts") or {}
-    data = next((Path(str(i)).name for i in manifest.get("inputs") or [] if str(i).endswith(".jsonl")), None)
-    sources = params.get("sources")
-    what = (", ".join(sources) if sources else "all sources") + (f" ({data})" if data else "")
-    steps, skipped = counts.get("steps"), counts.get("updates_skipped")
-    updates = "–" if steps is None or skipped is None else str(steps - skipped)
-    return what, f"{fmt_int(counts.get('train_problems'))} / {updates}"
-
-
-def training(stages: dict[str, list[dict]], manifests: dict[str, dict | None]) -> list:
-    """One row per RL stage (what it trained on, problems and updates, first/last reward and accuracy, last
-    length, tool error ratio of positives, truncation ratio, all-correct fraction, wall time), a warning per
-    stage without learning signal, and the fault table where a stage had faults (``faults``)."""
-    blocks: list = [Heading("RL training")]
-    if not stages:
-        return blocks + [Para(f"RL training: {NO_DATA}.")]
-    rows = []
-    for name, rows_ in stages.items():
-        st = _stage_stats(rows_, manifests.get(name))
-        what, sizes = _trained_on(manifests.get(name))
-        if st["steps"] == 0:
-            rows.append([name, what, sizes, "0", NO_DATA, NO_DATA, "–", "–", "–", "–", "–", "–",
-                         fmt_seconds(st["wall"])])
-            continue
-        last = st["last"]
-        rows.append([name, what, sizes, str(st["steps"]), fmt(st["first_reward"], 3), fmt(st["last_reward"], 3),
-                     fmt(st["first_acc"], 3), fmt(st["last_acc"], 3), fmt(last["response_length_mean"], 0),
-                     fmt(last["tool_error_ratio_pos"], 3), fmt(last["truncation_ratio"], 3),
-                     fmt(last["all_correct_frac"], 3), fmt_seconds(st["wall"])])
-    blocks.append(Table(["stage", "trained on", "problems / updates", "steps", "first reward", "last reward",
-                         "first accuracy", "last accuracy", "last mean response length",
-                         "last tool error ratio (positives)", "last truncation ratio", "last all-correct groups",
-                         "wall time"], rows,
-                        caption="A step's reward is the mean over that step's few problems (rl.prompts_per_step), so "
-                                "first and last values are noisy; stages train on different problems, so their "
-                                "rewards are not comparable with each other (the held-out accuracy above is). "
-                                "Updates: steps whose groups were not all equal. Wall time is the sum of per-step "
-                                "times (the stage manifest's wall time when steps carry none)."))
-    blocks += no_signal_warnings(stages)
-    blocks += faults(stages)
-    blocks.append(Figure("training_curves.png", "RL training curves (paper Figs. 4, 8, 9)"))
-    return blocks
-
-
-def no_signal_warnings(stages: dict[str, list[dict]]) -> list:
-    """Say plainly when a stage had no learning signal: every group's rewards were equal in every step,
-    so every advantage was 0 and the update left the weights unchanged."""
-    out = []
-    for name, rows in stages.items():
-        flat = [r for r in rows if num(r.get("all_correct_frac")) is not None and num(r.get("all_wrong_frac")) is not None]
-        if flat and len(flat) == len(rows) and all(r["all_correct_frac"] + r["all_wrong_frac"] >= 1 for r in flat):
-            wrong = sum(r["all_wrong_frac"] >= 1 for r in flat)
-            out.append(Para(f"Warning ({name}): no learning signal. In all {len(flat)} steps every group had equal "
-                            f"rewards ({wrong} steps all wrong, {len(flat) - wrong} all correct), so every advantage "
-                            "was 0 and this stage did not change the model. Use easier problems, more rollouts per "
-                            "group or a stronger base model.", strong=True))
-    return out

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..io import atomic_write_text, write_manifest
 from ..params import to_dict
 from ..report import inputs as report_inputs
-from ..report import lead, learning, plots, sections, trajectories
+from ..report import lead, learning, plots, sections, training, trajectories
 from ..report.document import Doc, Figure, Heading, Para, to_html, to_markdown
 from .params import ReportParams, parse
 
@@ -90,7 +90,7 @@ def run(params: dict, inputs: dict, out_dir: str) -> None:
     doc.add(*sections.evaluation(got.evals), Heading("Evaluation figure", 3),
             Figure("eval.png", "avg@k per benchmark with 95% bootstrap CI, beside the paper's numbers"))
     doc.add(*sections.funnel(got.funnel, "funnel.png"))
-    doc.add(*sections.training(got.stages, got.manifests))
+    doc.add(*training.training(got.stages, got.manifests))
     doc.add(*learning.learning_section(got.heldout))
     doc.add(*learning.ablation_section(got.ablation))
     doc.add(Heading("Sample trajectories"),
