@@ -273,26 +273,38 @@ def cached_check(config: dict, cache_dir: str) -> None:
     stamp = _stamp(cache_dir, "heldout", {"name": name, "spec": spec, "sources": sources,
                                           "decontaminated": decontaminated}, files)
     if stamp.exists():
-        _warn_answer_type(name, spec, _rl_types(config))  # not cached: a warning is shown on every run, not only the first
         return
     check_heldout(config)
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps({"benchmark": name, "files": files}) + "\n")
 
 
-def _warn_answer_type(name: str, spec: dict, rl_types: set) -> None:
-    answer_type = spec.get("answer_type", "math")
-    if answer_type not in rl_types:
-        # a more lenient grader on the held-out set can count what the reward does not (an unevaluated expression
-        # boxed as the answer scores 1 under Math-Verify, 0 under the integer grader)
-        want = " or ".join(repr(t) for t in sorted(rl_types))
-        print(f"warning: rl.heldout.benchmark {name!r} is graded with answer_type {answer_type!r}, the RL reward "
-              f"with {want} (rl_data.sources[].answer_type): set benchmarks.{name}.answer_type to measure what RL "
-              "trains for", file=sys.stderr)
+def warn_heldout_answer_type(config: dict, rl_stages: list[str]) -> str | None:
+    """The warning line (also printed to stderr) when the RL held-out benchmark is graded with another answer type
+    than the answer reward grades the sources the enabled RL stages train on; None when it is not.
 
+    Called after every check has passed, so it never stands before a refusal whose fix is elsewhere (a source that
+    loses its rows to the integer filter wants ``answer_type: math`` on the source, not on the benchmark). No
+    warning under another ``rl.reward`` (a user's function or the tiny config's smoke reward): answer types say
+    nothing about what it rewards. A benchmark graded more leniently can count what the reward does not (an
+    unevaluated expression boxed as the answer scores 1 under Math-Verify, 0 under the integer grader).
+    """
+    from .grading.rewards import BUILTIN
 
-def _rl_types(config: dict) -> set:
-    return {s.get("answer_type", "integer") for s in config["rl_data"]["sources"]}
+    name = config["rl"]["heldout"]["benchmark"]
+    trained = [s for s in config["rl_data"]["sources"] if set(s.get("stages", rl_stages)) & set(rl_stages)]
+    if name is None or config["rl"]["reward"] not in BUILTIN or not trained:
+        return None
+    answer_type = config["benchmarks"][name].get("answer_type", "math")
+    rl_types = {s.get("answer_type", "integer") for s in trained}
+    if answer_type in rl_types:
+        return None
+    want = " or ".join(repr(t) for t in sorted(rl_types))
+    line = (f"warning: rl.heldout.benchmark {name!r} is graded with answer_type {answer_type!r}, the answer reward "
+            f"of the RL stages with {want} (their rl_data.sources[].answer_type): set benchmarks.{name}.answer_type "
+            "to measure what RL trains for")
+    print(line, file=sys.stderr)   # not cached: shown on every run, not only the first
+    return line
 
 
 def check_heldout(config: dict) -> None:
@@ -310,7 +322,6 @@ def check_heldout(config: dict) -> None:
         heldout = load_benchmark(name, config["benchmarks"][name])
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"config: rl.heldout.benchmark {name!r} cannot be loaded: {e}") from None
-    _warn_answer_type(name, config["benchmarks"][name], _rl_types(config))
     if name in config["rl_data"]["decontaminate_against"]:
         return  # rl_data removes its problems (and near-copies) from the training data
     from .data.loaders import load_source
@@ -327,6 +338,9 @@ def check_before_jobs(config: dict, cache_dir: str) -> tuple[list[str], dict, li
     """Every check ``workflow/rules/common.smk`` runs on a schema-validated config when Snakemake builds the DAG, in
     its order; the tests call this one function instead of a ``snakemake -n`` per refused config. Paths in the
     config are relative to the working directory (the workflow folder).
+
+    Warnings (stderr) come from the checks that passed, and the held-out answer-type warning
+    (:func:`warn_heldout_answer_type`) only once every check has passed.
 
     Returns:
         (the enabled RL stages in order, the folder of each trainable model by name, the ablation runs)
@@ -351,4 +365,6 @@ def check_before_jobs(config: dict, cache_dir: str) -> tuple[list[str], dict, li
     check_sft_sources(config, cache_dir)
     # every local benchmark the evaluate stage reads loads now (field mapping, rows), not after SFT
     check_benchmarks(config)
+    # last, once nothing is refused: a warning printed before a refusal would point at the wrong fix
+    warn_heldout_answer_type(config, rl_stages)
     return rl_stages, model_dirs, ablation_runs

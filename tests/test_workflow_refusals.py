@@ -119,9 +119,43 @@ def test_a_heldout_benchmark_graded_unlike_the_reward_warns_and_ids_may_be_row_i
     own = ("benchmarks: {my_ho: {path: data/learning/heldout.jsonl, fields: {problem: problem, answer: answer, "
            "id: null}}}\nrl: {heldout: {benchmark: my_ho}}\n")
     assert checked(tmp_path, own, LEARNING) == ""
-    assert "rl.heldout.benchmark 'my_ho' is graded with answer_type 'math', the RL reward with 'integer'" in \
-        capsys.readouterr().err
+    assert ("rl.heldout.benchmark 'my_ho' is graded with answer_type 'math', the answer reward of the RL stages "
+            "with 'integer'") in capsys.readouterr().err
     assert checked(tmp_path, "", LEARNING) == ""
+    assert "is graded with answer_type" not in capsys.readouterr().err
+
+
+OWN_HELDOUT = ("benchmarks: {my_ho: {path: data/learning/heldout.jsonl, fields: {problem: problem, answer: answer, "
+               "id: id}}}\nrl: {heldout: {benchmark: my_ho}}\n")   # no answer_type: graded as math
+
+
+def test_no_answer_type_warning_stands_before_a_refused_rl_source(tmp_path, capsys):
+    """A source of non-integer golds left at the integer default is refused for what the filter drops; the fix is
+    answer_type math on the source, so no warning may tell the user to change the benchmark first."""
+    nonint = ("rl_data: {sources: [{name: mine, path: data/rl/math_nonint/math_nonint.jsonl, "
+              "fields: {problem: problem, answer: answer, id: id}}]}\n")
+    out = refused(tmp_path, OWN_HELDOUT + nonint, LEARNING)
+    assert "config: rl_data.sources[0] (mine)" in out and "integer" in out
+    assert "is graded with answer_type" not in capsys.readouterr().err
+    # the same source with answer_type math passes, and the held-out set (math) is graded like its reward: no warning
+    assert checked(tmp_path, OWN_HELDOUT + nonint.replace("id: id}", "id: id}, answer_type: math"), LEARNING) == ""
+    assert "is graded with answer_type" not in capsys.readouterr().err
+
+
+def test_the_answer_type_warning_needs_the_answer_reward_and_counts_only_trained_sources(tmp_path, capsys):
+    # tiny.yaml's smoke reward (any reward but 'answer') grades no answer type: no claim about one
+    assert checked(tmp_path, OWN_HELDOUT) == ""
+    assert "is graded with answer_type" not in capsys.readouterr().err
+    # with the answer reward, the integer sources the stages train on are named
+    answer = OWN_HELDOUT.replace("rl: {", "rl: {reward: answer, ")
+    assert checked(tmp_path, answer) == ""
+    assert "rl.heldout.benchmark 'my_ho' is graded with answer_type 'math', the answer reward of the RL stages " \
+        "with 'integer'" in capsys.readouterr().err
+    # an integer source curated but trained by no stage (stages: []) is not what RL trains for
+    both = ("rl_data: {sources: [{name: ints, path: data/learning/train.jsonl, fields: {problem: problem, answer: "
+            "answer, id: id}, stages: []}, {name: frac, path: data/rl/math_nonint/math_nonint.jsonl, fields: "
+            "{problem: problem, answer: answer, id: id}, answer_type: math}]}\n")
+    assert checked(tmp_path, answer + both, LEARNING) == ""
     assert "is graded with answer_type" not in capsys.readouterr().err
 
 
