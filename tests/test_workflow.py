@@ -87,24 +87,46 @@ def test_label_verification_schedules_its_verifier_model(workdir, tmp_path):
     assert "verifier_model" not in planned_jobs(workdir, TINY, str(base))
 
 
+#: Lines Snakemake prints on every run before it reads the Snakefile (the default profile, --configfile).
+SNAKEMAKE_PREAMBLE = (re.compile(r"Using workflow specific profile \S+ for setting default command line arguments\."),
+                      re.compile(r"Config file \S+ is extended by additional config specified via the command line\."))
+
+
+def refusal_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    """What a refused config printed besides Snakemake's fixed preamble lines; fails if snakemake succeeded."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    return [line for line in (proc.stderr + proc.stdout).splitlines()
+            if line.strip() and not any(p.fullmatch(line) for p in SNAKEMAKE_PREAMBLE)]
+
+
 def test_bad_config_value_names_the_key(workdir, tmp_path):
+    """A refused config prints its one line and nothing else of its own: no "ValueError in file ...", no
+    traceback (workflow/rules/common.smk ``refusing``)."""
     bad = tmp_path / "bad.yaml"
     # an override file layered on tiny.yaml, so the test cannot silently no-op when tiny.yaml's layout changes
     bad.write_text("hard_problems: {k: 0}\n")
     proc = smk(workdir, "-n", "--configfile", TINY, str(bad), check=False)
-    out = proc.stderr + proc.stdout
-    assert proc.returncode != 0
-    assert "config: hard_problems.k: 0 is less than the minimum of 1" in out
-    assert len(out.splitlines()) < 20, "the whole schema and config were printed again"
+    assert refusal_lines(proc) == [f"config: hard_problems.k: 0 is less than the minimum of 1 (set in {bad})"]
     typo = tmp_path / "typo.yaml"
     typo.write_text((workdir / TINY).read_text() + "\nrll: {steps: 3}\n")
     proc = smk(workdir, "-n", "--configfile", str(typo), check=False)
-    assert proc.returncode != 0 and "config: (top level): Additional properties are not allowed ('rll' was " \
-        f"unexpected) (set in {typo})" in proc.stderr + proc.stdout
+    assert refusal_lines(proc) == ["config: (top level): Additional properties are not allowed ('rll' was "
+                                   f"unexpected) (set in {typo})"]
     # a value given with --config is named as such, not as the file it overrides
     proc = smk(workdir, "-n", "--configfile", TINY, "--config", "seed=abc", check=False)
-    assert proc.returncode != 0 and "config: seed: 'abc' is not of type 'integer' (set with --config)" in \
-        proc.stderr + proc.stdout
+    assert refusal_lines(proc) == ["config: seed: 'abc' is not of type 'integer' (set with --config)"]
+    # a refusal of the checks after the schema (check_before_jobs) and of a rule's data files, the same way
+    bad.write_text("hard_problems: {k: 2, min_passes: 2}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(bad), check=False)
+    assert refusal_lines(proc) == ["config: hard_problems.min_passes (2) must be below hard_problems.k (2): no "
+                                   "mined problem could be kept for stage 3"]
+    missing = tmp_path / "missing.yaml"
+    missing.write_text("sft_data: {sources: [{name: mine, path: no_such_file.jsonl, format: alpaca}]}\n")
+    proc = smk(workdir, "-n", "--configfile", TINY, str(missing), check=False)
+    lines = refusal_lines(proc)   # after the checks that passed: their warnings (tiny.yaml's MATH pool), then it
+    assert lines[-1] == (f"config: data file(s) not found (paths are relative to {workdir}): "
+                         "sft_data.sources[0].path: no_such_file.jsonl")
+    assert all(line.startswith("warning: config: rl_data.sources[") for line in lines[:-1]), lines
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,26 @@ from rstar2.config_schema import validate_config
 from rstar2.workflow_checks import check_before_jobs, check_data_files
 
 
+def refusing(check, *args, **kwargs):
+    """``check(*args, **kwargs)``; a ValueError it raises (a refused config: ``config: ...``, one line) is printed
+    alone on stderr and ends snakemake with exit status 1. Snakemake prints any Exception raised while it reads
+    these files as "ValueError in file ..., line N:" with the message and a traceback (snakemake/exceptions.py
+    print_exception; its own WorkflowError too); SystemExit is not an Exception, so its handlers (cli.main and
+    the API catch Exception) let it through and Python exits with its status, printing nothing more.
+    RSTAR2_TRACEBACK=1 leaves the ValueError to Snakemake, with its traceback (as rstar2/cli.py does)."""
+    try:
+        return check(*args, **kwargs)
+    except ValueError as e:
+        if os.environ.get("RSTAR2_TRACEBACK"):
+            raise
+        print(e, file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 # A refused value is one line naming its key (Snakemake's own validate prints the whole schema and config).
-validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"),
-                [os.path.join(workflow.basedir, "config.yaml"), *workflow.overwrite_configfiles,
-                 dict(workflow.config_settings.config)])
+refusing(validate_config, config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"),
+         [os.path.join(workflow.basedir, "config.yaml"), *workflow.overwrite_configfiles,
+          dict(workflow.config_settings.config)])
 
 # Jobs inherit this environment: put the bin folder of the interpreter running snakemake first on PATH, so
 # the `rstar2` CLI of its virtual environment is found even when the venv was not activated.
@@ -39,7 +55,7 @@ os.environ.update(RSTAR2_RL_FAULTS=json.dumps(config["rl"]["faults"]))
 # Every check that must fail before any job runs (names, stage order, ablation shape, data files, held-out
 # benchmark, RL and SFT sources, rl.reward, benchmarks): rstar2/workflow_checks.py check_before_jobs, which the
 # tests call directly. The slow ones (loading sources) are cached by the files' size and mtime.
-RL_STAGES, MODEL_DIRS, ABLATION_RUNS = check_before_jobs(config, ".snakemake/rstar2_checks")
+RL_STAGES, MODEL_DIRS, ABLATION_RUNS = refusing(check_before_jobs, config, ".snakemake/rstar2_checks")
 
 
 def report_provenance():
@@ -102,27 +118,27 @@ def job_resources(family):
 # Local dataset files are inputs, so editing one reruns the stages that read it; hub ids are not files.
 def rl_data_files():
     sources = enumerate(config["rl_data"]["sources"])
-    return check_data_files([(f"rl_data.sources[{i}].path", s["path"]) for i, s in sources]
-                            + [(f"benchmarks.{b}.path", config["benchmarks"][b]["path"])
-                               for b in config["rl_data"]["decontaminate_against"]])
+    return refusing(check_data_files, [(f"rl_data.sources[{i}].path", s["path"]) for i, s in sources]
+                    + [(f"benchmarks.{b}.path", config["benchmarks"][b]["path"])
+                       for b in config["rl_data"]["decontaminate_against"]])
 
 
 def sft_data_files():
     sources = enumerate(config["sft_data"]["sources"])
-    return check_data_files([(f"sft_data.sources[{i}].path", s["path"]) for i, s in sources
-                             if s.get("path") and s.get("limit") != 0])
+    return refusing(check_data_files, [(f"sft_data.sources[{i}].path", s["path"]) for i, s in sources
+                                       if s.get("path") and s.get("limit") != 0])
 
 
 def benchmark_files():
     from rstar2.data.benchmarks import benchmark_files as files  # BFCL: one question and answer file per category
 
-    return check_data_files([(f"benchmarks.{b}.path", f) for b in config["evaluate"]["benchmarks"]
-                             for f in files(config["benchmarks"][b])])
+    return refusing(check_data_files, [(f"benchmarks.{b}.path", f) for b in config["evaluate"]["benchmarks"]
+                                       for f in files(config["benchmarks"][b])])
 
 
 def heldout_files():
     b = config["rl"]["heldout"]["benchmark"]
-    return check_data_files([(f"benchmarks.{b}.path", config["benchmarks"][b]["path"])]) if b else []
+    return refusing(check_data_files, [(f"benchmarks.{b}.path", config["benchmarks"][b]["path"])]) if b else []
 
 
 def _verifier_dir():
@@ -269,4 +285,4 @@ def all_manifests():
             + [f"results/{run}/optimizer" for run in sorted(KEEPING_OPTIMIZER)] + report_files())
 
 
-_rl_memory_plan()
+refusing(_rl_memory_plan)
