@@ -88,11 +88,32 @@ def test_an_empty_or_missing_gold_is_one_error_in_every_format(tmp_path, fmt):
     with pytest.raises(ValueError) as err:
         load_source(spec)
     assert f"dataset 'mine' (file {path}): row 1: missing field 'gold' (absent, null or empty" in str(err.value)
-    # the same rule for a benchmark
-    with pytest.raises(ValueError, match="row 1: missing field 'gold'"):
+    assert "on_missing: drop drops such rows, counted in the funnel" in str(err.value)
+    # the same rule for a benchmark, whose hint names no on_missing (benchmarks.<name>.on_missing is refused)
+    with pytest.raises(ValueError, match="row 1: missing field 'gold'") as err:
         load_benchmark("mine", {**spec, "answer_type": "math"})
+    assert "on_missing: drop" not in str(err.value)
+    assert "a benchmark takes no on_missing: fill the value in or remove the row" in str(err.value)
     # on_missing: drop is the explicit way to drop such rows: counted, and listed
     assert load_source({**spec, "on_missing": "drop"})[1]["answer_raw"] is None
+
+
+def test_a_missing_field_hint_names_only_a_fix_that_applies(tmp_path):
+    """on_missing: drop cannot help a field no row has, nor a mapped id (required in every row even with drop)."""
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"question": "What is one plus one here?", "gold": "2", "qid": "a"}) + "\n"
+                    + json.dumps({"question": "What is two plus two here?", "gold": "4"}) + "\n")
+    spec = {"name": "mine", "path": str(path), "fields": {"problem": "question", "answer": "final"}}
+    for load in (load_source, lambda s: load_benchmark("mine", {**s, "answer_type": "math"})):
+        with pytest.raises(ValueError, match="no row has it: map fields.answer to one of the available columns") \
+                as err:
+            load(spec)
+        assert "on_missing" not in str(err.value)
+    with_id = {**spec, "fields": {"problem": "question", "answer": "gold", "id": "qid"}, "on_missing": "drop"}
+    with pytest.raises(ValueError, match="a mapped fields.id must be in every row: fill it in, or leave fields.id "
+                                         "out") as err:
+        load_source(with_id)
+    assert "on_missing" not in str(err.value)
 
 
 def test_every_dropped_row_is_listed_with_its_reason_and_contaminated_ones_are_named(tmp_path):

@@ -124,7 +124,7 @@ def load_benchmark(name: str, spec: dict | None = None, base_dir: Path | str = W
     if kind.name in grading.CHECKERS:
         return _checked_rows(name, spec, kind, base_dir)
     source_spec = {k: v for k, v in spec.items() if k not in _BENCH_KEYS}
-    rows = load_source(source_spec, base_dir)
+    rows = load_source(source_spec, base_dir, on_missing_allowed=False)   # benchmarks take no on_missing
     if not rows:
         raise ValueError(f"benchmark '{name}' ({spec.get('path')}): no rows")
     if kind.name == "choice":
@@ -172,7 +172,8 @@ def _with_options(name: str, spec: dict, source_spec: dict, rows: list[dict], ba
         raise ValueError(f"benchmark '{name}': at most {len(LETTERS) - 1} wrong options, got {len(columns)}")
     wrong = []
     for col in columns:
-        other = load_source({**source_spec, "fields": {**source_spec["fields"], "answer": col}}, base_dir)
+        other = load_source({**source_spec, "fields": {**source_spec["fields"], "answer": col}}, base_dir,
+                            on_missing_allowed=False)
         wrong.append([r["answer_raw"] for r in other])
     out = []
     for i, row in enumerate(rows):

@@ -66,12 +66,15 @@ BUNDLED_SOURCES: list[dict] = [
 ]
 
 
-def load_source(spec: dict, base_dir: Path | str = WORKING_DIR) -> list[dict]:
+def load_source(spec: dict, base_dir: Path | str = WORKING_DIR, on_missing_allowed: bool = True) -> list[dict]:
     """Read one dataset into rows ``{"id", "source", "problem", "answer_raw"}`` (+ ``origin``, ``language``).
 
     ``answer_raw`` is the gold as text (numbers are stringified: 27.0 -> "27.0"), or None when the row has no
     gold (null with ``on_missing="drop"``, or no ``\\boxed{}`` / marker found). ``id`` is ``"<name>-<id value>"``,
     or ``"<name>-<0-based row index in the file>"`` when ``fields.id`` is not given.
+
+    ``on_missing_allowed``: False for a benchmark (its schema has no ``on_missing``): picks the hint of a
+    missing-field error, which must not name a key the config would refuse.
 
     Raises:
         FileNotFoundError: the file does not exist (message names the dataset).
@@ -97,7 +100,8 @@ def load_source(spec: dict, base_dir: Path | str = WORKING_DIR) -> list[dict]:
     # Report every missing field at once (sorted by first bad row), so one run shows the whole schema problem.
     missing = [p for role, col in fields.items()
                 if (p := _missing_field(values[role], keep, role, col,
-                                        strict=(on_missing == "error" or role in _OPTIONAL_ROLES)))]
+                                        strict=(on_missing == "error" or role in _OPTIONAL_ROLES),
+                                        on_missing_allowed=on_missing_allowed))]
     if missing:
         raise context.error("; ".join(message for _, message in sorted(missing)))
 
@@ -313,17 +317,23 @@ def _check_filter_values(col: str, allowed, column: list, context: _Context) -> 
         raise context.error(f"filter {col}: value(s) {unknown} match no row; the column has {shown[:12]}{more}")
 
 
-def _missing_field(values: list, keep: list[int], role: str, col: str,
-                   strict: bool) -> tuple[int, str] | None:
-    """(first bad row, message) if the field is absent in every row, or (when ``strict``) in any row."""
+def _missing_field(values: list, keep: list[int], role: str, col: str, strict: bool,
+                   on_missing_allowed: bool = True) -> tuple[int, str] | None:
+    """(first bad row, message) if the field is absent in every row, or (when ``strict``) in any row. The message
+    ends with the fix the source's kind supports: ``on_missing: drop`` skips an RL source's rows without problem
+    or gold, but no field that no row has, no mapped optional field (required in every row), no benchmark row."""
     missing_rows = [keep[k] for k, v in enumerate(values) if v is _MISSING]
     if not missing_rows or (not strict and len(missing_rows) < len(values)):
         return None
     listed = ", ".join(map(str, missing_rows[:_MAX_LISTED_ROWS]))
     more = " ..." if len(missing_rows) > _MAX_LISTED_ROWS else ""
+    hint = (f"no row has it: map fields.{role} to one of the available columns" if len(missing_rows) == len(values)
+            else f"a mapped fields.{role} must be in every row: fill it in, or leave fields.{role} out"
+            if role in _OPTIONAL_ROLES else "on_missing: drop drops such rows, counted in the funnel"
+            if on_missing_allowed else "a benchmark takes no on_missing: fill the value in or remove the row")
     return missing_rows[0], (f"row {missing_rows[0]}: missing field '{col}' (absent, null or empty; spec "
                              f"fields.{role}; {len(missing_rows)} of {len(values)} rows lack it: 0-based rows "
-                             f"{listed}{more}; on_missing: drop drops such rows, counted in the funnel)")
+                             f"{listed}{more}; {hint})")
 
 
 def _make_row(index: int, values: dict[str, list], k: int, spec: dict, context: _Context) -> dict:
