@@ -198,3 +198,22 @@ def test_the_own_data_example_with_a_wrong_column_fails_before_any_job_runs(tmp_
     out = refused(tmp_path, example.replace("answer: final", "answer: gold"))
     assert "config: rl_data.sources[0] (my_problems) cannot be loaded" in out
     assert "dataset 'my_problems'" in out and "missing field 'gold'" in out and "row 0" in out
+
+
+def test_the_own_benchmark_example_of_the_docs_passes_the_checks(tmp_path):
+    """docs/own-data.md's benchmark entry (path, fields, answer_type, evaluate.benchmarks and evaluate.limit per
+    benchmark, report.lead_benchmark) is a config the workflow accepts, over tiny.yaml as over config.yaml."""
+    page = (REPO_ROOT / "docs/own-data.md").read_text()
+    section = page[page.index("## Your own benchmark"):]
+    block = section[section.index("```yaml\n") + len("```yaml\n"):]
+    block = block[:block.index("```")]
+    parsed = yaml.safe_load(block)
+    assert parsed["report"]["lead_benchmark"] == "my_bench" and "my_bench" in parsed["evaluate"]["limit"]
+    assert checked(tmp_path, block) == ""
+    assert checked(tmp_path, block, LEARNING) == ""
+    # and its file loads as that benchmark: every row, graded as math
+    from rstar2.data.benchmarks import load_benchmark
+
+    with contextlib.chdir(REPO_ROOT):
+        rows = load_benchmark("my_bench", parsed["benchmarks"]["my_bench"])
+    assert rows and {r["answer_type"] for r in rows} == {"math"}
