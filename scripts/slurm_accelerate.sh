@@ -6,7 +6,7 @@
 #   distributed: {launch: {rl: "scripts/slurm_accelerate.sh configs/accelerate/fsdp.yaml"},
 #                 resources: {rl: {gpu: 8, nodes: 8}}}
 # and give the rule `mpi: srun` in the SLURM profile so that the job step does not wrap it in `srun -n1`
-# (see profiles/slurm/config.yaml). The accelerate config gives the engine (FSDP, DeepSpeed, DDP); this script sets
+# (see profiles/slurm/config.yaml). The accelerate config gives the engine (FSDP, DDP); this script sets
 # the layout over it: --num_machines, --num_processes, --machine_rank, --main_process_ip/port, static rendezvous.
 # Environment: PROCS_PER_NODE (default: SLURM_GPUS_ON_NODE, the GPUs SLURM gave each node, else 8 as on the paper's
 # nodes), MASTER_PORT (default 29500), PYTHON (default: python3 on PATH; runs accelerate and the stage, so both
