@@ -1,13 +1,24 @@
 """Trainer placement shared by the SFT and RL stages: device, precision, process count, vLLM.
 
-The stages run unchanged under ``accelerate launch`` (DDP, DeepSpeed ZeRO-3 or FSDP, per the accelerate config
-file the workflow's ``distributed.launch`` names): accelerate sets the process group up from the environment the
-launcher exports, and TRL/transformers' Trainer reads it. What the stages themselves must know is here:
-which process they are (only the main one writes logs, manifests and tokenizer files) and the trainer
-arguments that follow from the ``distributed`` config section.
+The stages run unchanged under ``accelerate launch`` (DDP or FSDP2, per the accelerate config file the workflow's
+``distributed.launch`` names): accelerate sets the process group up from the environment the launcher exports,
+and TRL/transformers' Trainer reads it. What the stages themselves must know is here: which process they are
+(only the main one writes logs, manifests and tokenizer files), the trainer arguments that follow from the
+``distributed`` config section, and two guards around accelerate's choice of engine:
+
+* FSDP on a CPU (gloo) process group (``fsdp_on_gloo``): accelerate applies its FSDP plugin only to accelerator
+  process groups, so an FSDP launch without a GPU would silently train as plain data-parallel processes; the
+  stages set the FSDP type and plugin there themselves (configs/accelerate/fsdp_cpu_2proc.yaml, the tests).
+* ``check_engine``: a run launched for FSDP (or as several processes) that got anything else stops in one line,
+  on CPU and GPU alike, instead of training unsharded or as independent copies.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
 
 from . import precision
 
@@ -19,11 +30,93 @@ def process_state(dist: dict | None = None):
     otherwise). Attributes used: is_main_process, process_index, num_processes, wait_for_everyone().
 
     On CPU it must be created with ``cpu=True`` (gloo backend): created without, it stays a single process even
-    when the launcher started several, and since the state is shared, the first creation decides.
+    when the launcher started several, and since the state is shared, the first creation decides. On CPU the
+    FSDP shim is installed first (``fsdp_on_gloo``; a no-op unless the launch asked for FSDP).
+    Raises:
+        ValueError: the launcher started several processes but this one trains alone (``check_processes``).
     """
     from accelerate import PartialState
 
-    return PartialState(cpu=_need(dist, "device")["device"] == "cpu")
+    cpu = _need(dist, "device")["device"] == "cpu"
+    if cpu:
+        fsdp_on_gloo()
+    state = PartialState(cpu=cpu)
+    check_processes(state.num_processes, str(state.distributed_type))
+    return state
+
+
+def fsdp_asked() -> bool:
+    """Whether the launch asked for FSDP: ``accelerate launch`` with ``distributed_type: FSDP`` exports
+    ``ACCELERATE_USE_FSDP=true`` (accelerate/commands/launch.py, ``prepare_multi_gpu_env``)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def check_processes(num_processes: int, distributed_type: str) -> None:
+    """Fail when the launcher started ``WORLD_SIZE`` > 1 processes but this one sees ``num_processes`` == 1: each
+    would train its own copy on its own share of the data and write the same outputs (e.g. an FSDP or DDP launch
+    with ``distributed.device: cuda`` on a machine without a GPU: accelerate then picks no backend).
+
+    Raises:
+        ValueError: one line naming the launch, what this process got, and the setting to check (the CLI prints
+            it without a traceback).
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and num_processes == 1:
+        asked = "FSDP" if fsdp_asked() else "data-parallel"
+        raise ValueError(f"accelerate launched {world} processes for {asked} training, but this one trains alone "
+                         f"({distributed_type}, 1 process): they would be independent copies; check "
+                         "distributed.device against the machine (cpu without a GPU)")
+
+
+def check_engine(accelerator) -> None:
+    """Fail when the launch asked for FSDP (``fsdp_asked``) but the trainer's accelerator is not sharding
+    (e.g. a CPU run without ``fsdp_on_gloo``, where accelerate leaves ``MULTI_CPU``), on CPU and GPU alike.
+    Called by the stages right after building their trainer, before any step.
+
+    Raises:
+        ValueError: one line naming the distributed type the run got.
+    """
+    from accelerate.utils import DistributedType
+
+    check_processes(accelerator.num_processes, str(accelerator.distributed_type))
+    if fsdp_asked() and accelerator.distributed_type != DistributedType.FSDP:
+        raise ValueError(f"accelerate launched this run for FSDP, but its trainer got "
+                         f"{accelerator.distributed_type} over {accelerator.num_processes} process(es): "
+                         "the weights would not be sharded")
+
+
+def fsdp_on_gloo() -> None:
+    """Let accelerate run its FSDP plugin on a CPU (gloo) process group, as it does on accelerator groups.
+
+    accelerate 1.15's ``AcceleratorState.__init__`` (accelerate/state.py lines 986-1016: ``elif
+    self.distributed_type in [DistributedType.MULTI_GPU, ...]``) turns a launch's FSDP plugin into
+    ``DistributedType.FSDP`` only for accelerator types; a CPU group is ``MULTI_CPU`` (``_prepare_backend``,
+    line 808), so the plugin is dropped and the processes train unsharded (plain data parallel). This wraps
+    ``AcceleratorState.__init__`` once per process and, afterwards, does what that branch does when, and only when,
+    an FSDP plugin was passed to a ``MULTI_CPU`` state on the gloo backend: type FSDP, the plugin, its mixed
+    precision. On CUDA (or any accelerator) the state is never ``MULTI_CPU``, so this changes nothing there, and
+    the stages install it only for ``distributed.device: cpu``. FSDP2's ``fully_shard`` then shards over gloo
+    exactly as over NCCL (DTensor parameters, reduce-scatter of gradients; tests/test_fsdp.py).
+    """
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    init = AcceleratorState.__init__
+    if getattr(init, "_rstar2_fsdp_on_gloo", False):
+        return
+
+    @functools.wraps(init)
+    def patched(self, *args, fsdp_plugin=None, **kwargs):
+        init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU and self.backend == "gloo":
+            self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    patched._rstar2_fsdp_on_gloo = True
+    AcceleratorState.__init__ = patched
 
 
 def _need(section: dict, *keys: str) -> dict:
@@ -87,3 +180,33 @@ def vllm_kwargs(rollout: dict, dist: dict | None) -> dict:
     if not urls:
         raise ValueError("rollout.engine 'server' needs rollout.server_urls (the trl vllm-serve address)")
     return {**kw, "vllm_mode": "server", "vllm_server_base_url": urls[0], "vllm_server_timeout": v["server_timeout_s"]}
+
+
+@contextlib.contextmanager
+def unsharded(model, reshard_after_forward: bool) -> Iterator:
+    """Within the block, an FSDP2 model's full parameters stay gathered in this process: every FSDP unit is
+    all-gathered once on entry (a collective: every process enters), its forward passes then run without
+    communication, and the shards are restored on exit. For generation with the model itself (the transformers
+    rollout engine), where each process runs its own number of forward passes: with resharding after each
+    forward, those passes would each start an all-gather, and processes with different counts would pair up
+    the wrong gathers or hang. Memory: the full weights per process for the block (as one FSDP forward at a time
+    would gather them anyway, one unit after another). A model without FSDP units is left as it is.
+
+    reshard_after_forward: the value to restore afterwards (the FSDP plugin's ``reshard_after_forward``), as
+    PyTorch's ``FSDPModule.set_reshard_after_forward`` documents for evaluation between training steps.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield model
+        return
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield model
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(bool(reshard_after_forward), recurse=False)

@@ -45,6 +45,7 @@ import time
 
 import torch
 
+from ..distributed import unsharded
 from ..io import write_json
 from .batch import build_batch, micro_batches, plan_micro_batches
 from .checkpoints import STATE_FILE, read_state
@@ -162,6 +163,13 @@ def make_trainer_class():
                 self.vllm_generation.llm.sleep(level=2)   # level 2 drops the weights: the next step re-syncs
                 self.vllm_generation._llm_weights_sleeping = True
 
+        def _rollout_weights(self, engines):
+            """The transformers engine (``engines`` None) generates with the policy itself: under FSDP its full
+            weights are gathered once for the rollouts (``distributed.unsharded``)."""
+            if engines is not None or self.accelerator.distributed_type != DistributedType.FSDP:
+                return contextlib.nullcontext()
+            return unsharded(self.model, self.accelerator.state.fsdp_plugin.reshard_after_forward)
+
         def _rollout_micro_batches(self, generation_batch) -> list:
             """Roll out this process's groups, then plan the step's micro-batches: one builder per micro-batch
             (``batch.micro_batches``; [] = no update).
@@ -171,7 +179,8 @@ def make_trainer_class():
             loss-token count over all processes."""
             engines = self._rollout_engines()
             try:
-                trajs, advantages = self.rollout_fn([x["prompt"] for x in generation_batch], self, engines)
+                with self._rollout_weights(engines):
+                    trajs, advantages = self.rollout_fn([x["prompt"] for x in generation_batch], self, engines)
             finally:
                 self._after_rollouts()
             rows = [(len(t.prompt_ids), len(t.response_ids), sum(t.response_mask)) for t in trajs]
@@ -270,7 +279,12 @@ def make_trainer_class():
 
                 def step(closure=None):
                     # AdamW would still move the weights on a zero gradient (momentum, weight decay), so a step
-                    # without data, or with a non-finite loss or gradient, must not reach it at all.
+                    # without data, or with a non-finite loss or gradient, must not reach it at all. A step before
+                    # any training step is PyTorch's distributed state-dict loader creating AdamW's state (zero
+                    # gradients, learning rate 0: torch/distributed/checkpoint/state_dict.py, _init_optim_state),
+                    # which FSDP's optimizer resume and carry-over need: it goes through.
+                    if self._step_loss is None:
+                        return inner_step(closure)
                     return inner_step(closure) if self._finite_update() else None
 
                 opt.step, opt._rstar2_wrapped = step, True

@@ -235,6 +235,7 @@ def _run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_f
                                    processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks,
                                    micro_batch_tokens=p.micro_batch_tokens, finite_guard=guard, where=str(out), tis=p.tis,
                                    optimizer_from=str(optimizer_from) if carried else None)
+    distributed.check_engine(trainer.accelerator)  # an FSDP launch that would train unsharded stops here
     if p.trainer.shared_prefix and ps.num_processes == 1:  # a DDP/FSDP/ZeRO-3 wrapper must see every forward
         from ..rl import shared_prefix
 

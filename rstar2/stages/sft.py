@@ -110,6 +110,7 @@ def _run(params: dict, model_dir: str, data_path: str, out_dir: str, finishing) 
     from trl import SFTTrainer
 
     from .. import distributed, models, precision
+    from ..rl import checkpoints
 
     ps = distributed.process_state(to_dict(p.trainer))
     out.mkdir(parents=True, exist_ok=True)
@@ -120,6 +121,8 @@ def _run(params: dict, model_dir: str, data_path: str, out_dir: str, finishing) 
     # the weights already sharded, instead of one full copy per process.
     args = sft_config(p, str(out / "trainer_scratch"), ps.num_processes)
     model, tok = models.load(model_dir)
+    # a tied LM head is written once, as save_pretrained does; FSDP's gathered state dict holds it twice otherwise
+    checkpoints.mark_tied_weights(model)
     tok.padding_side = "right"
     rows = read_jsonl(data_path)
     if p.limit:
@@ -138,6 +141,7 @@ def _run(params: dict, model_dir: str, data_path: str, out_dir: str, finishing) 
 
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),
                          processing_class=tok, callbacks=[_Log()])
+    distributed.check_engine(trainer.accelerator)  # an FSDP launch that would train unsharded stops here
     if p.trainer.shared_prefix and ps.num_processes == 1:  # a DDP/FSDP/ZeRO-3 wrapper must see every forward
         from ..rl import shared_prefix
 
