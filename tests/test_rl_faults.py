@@ -67,7 +67,7 @@ def setup(tmp_path_factory):
     write_tiny_rl_inputs(root, 8)
     (root / "runner.py").write_text(RUNNER)
     params = stage_params("rl", "stage1", overrides={"seed": 5, "tool": {"timeout_s": 3}, "rl": {
-        "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2, "oversample": 2,
+        "reward": "answer", "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2, "oversample": 2,
         "prompts_per_step": 1, "learning_rate": 1e-2, "warmup_steps": 0, "checkpoint_every": 1, "temperature": 1.0,
         "top_p": 1.0, "batch_size": 4, "trainer_overrides": {"lr_scheduler_type": "linear"}, "faults": {"max_infra_share": 0.2, "max_nonfinite_steps": 2,
                                                   "grading_stall_s": 120},

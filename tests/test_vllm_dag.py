@@ -119,8 +119,12 @@ def test_same_seed_rl_stage_on_vllm_is_identical_and_a_groups_samples_differ(run
     assert proc.returncode == 0 and "[compare-runs] identical" in proc.stdout, proc.stdout + proc.stderr
     for name in ("rollouts.jsonl", "metrics.jsonl", "model/model.safetensors", "manifest.json"):
         assert (b / name).exists(), name   # what was compared is there
+    # a group's samples differ: one seed per group would give G equal samples. Turns that end at their first token
+    # (tiny.yaml's stop_early model: about one in ten) are equal whatever the seeds, so the sampled text is compared
     groups: dict = {}
     for row in read_jsonl(b / "rollouts.jsonl"):
-        groups.setdefault((row["step"], row["group"]), []).append(json.dumps(row["turns"]))
-    assert groups and all(len(g) >= 2 for g in groups.values()), groups
+        text = "".join(t["text"] for t in row["turns"])
+        if text.strip():
+            groups.setdefault((row["step"], row["group"]), []).append(text)
+    assert any(len(g) >= 2 for g in groups.values()), groups   # something to compare
     assert all(len(set(g)) == len(g) for g in groups.values()), groups
