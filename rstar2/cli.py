@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         return _reproduce(a)
     from .faults import StageFault
 
+    if argv is None:
+        _lighter_imports(a)
     try:
         _dispatch(a)
     except StageFault as e:
@@ -153,6 +155,32 @@ def _log_params(a: argparse.Namespace) -> None:
         with open(a.log, "a", encoding="utf-8") as f:
             f.write(f"params sha256:{text.digest} {text}\n")
     print(f"[{a.stage}] params sha256:{text.digest}" + (f" (the JSON: {a.log})" if a.log else ""), flush=True)
+
+
+MODEL_STAGES = ("base-model", "sft", "rl", "hard-problems", "evaluate")
+
+
+def _lighter_imports(a: argparse.Namespace) -> None:
+    """Imports a stage job does not use, left out. Only for a process that is one job (``main()`` with the
+    command line's arguments): a caller passing ``argv`` may run other stages in the same process.
+
+    * transformers' generation module imports scikit-learn (about 2-3 s of CPU on a 2-core Zen 3) for the ROC curve
+      of assisted generation, which no stage uses: it is imported while ``sklearn`` is hidden (None in
+      ``sys.modules``, for which ``importlib.util.find_spec`` answers None), then ``sklearn`` is importable again
+      (lm-eval's IFEval checker may need it). transformers caches its answer (``is_sklearn_available``).
+    * an RL job on the transformers engine (``rollout.engine: hf``): TRL sees vLLM as not installed, for good;
+      where vLLM is installed (the test dependency, the GPU extra), importing TRL's GRPO trainer otherwise imports
+      vLLM too, about 5 s of CPU, for rollouts that never use it. Not done once vLLM is imported.
+    """
+    if a.stage in MODEL_STAGES and "sklearn" not in sys.modules:
+        sys.modules["sklearn"] = None
+        try:
+            import transformers.generation.candidate_generator  # noqa: F401
+        finally:
+            if sys.modules.get("sklearn", 0) is None:
+                del sys.modules["sklearn"]
+    if a.stage == "rl" and a.params.get("rollout", {}).get("engine") == "hf" and "vllm" not in sys.modules:
+        sys.modules["vllm"] = None
 
 
 def _dispatch(a: argparse.Namespace) -> None:
