@@ -56,8 +56,10 @@ RUNNER = textwrap.dedent('''
     if __name__ == "__main__":   # the grading pool's forkserver imports this file again
         rollout.default_engines = lambda model, tok, cfg, seed=None: [ScriptedEngine(tok)]
         from rstar2 import cli
-        sys.exit(cli.main(["rl", "--params", sys.argv[1], "--model", sys.argv[2], "--data", sys.argv[3],
-                           "--out", sys.argv[4]]))
+        # as the command line gives them: this process is one job, with a job's imports (cli._lighter_imports)
+        sys.argv = ["rstar2", "rl", "--params", sys.argv[1], "--model", sys.argv[2], "--data", sys.argv[3],
+                    "--out", sys.argv[4]]
+        sys.exit(cli.main())
 ''')
 
 

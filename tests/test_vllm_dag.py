@@ -1,8 +1,8 @@
 """The tiny DAG on real vLLM (its CPU build, requirements-vllm.txt): configs/tiny-vllm.yaml over tiny.yaml puts the
 three RL stages in TRL's colocate mode (``StepVLLMEngine`` on TRL's ``vllm.LLM``, weights reloaded each step),
 hard-problem mining and evaluation on an in-process ``AsyncLLM`` (``rollout.engine: vllm``). The run starts from the
-session's upstream stages (conftest ``tiny_upstream``: the overlay reruns SFT only, whose trainer params name the vLLM
-settings) and completes; then rl_stage1 runs again in a copy of that workflow folder with the same seed, and
+session's upstream stages (conftest ``tiny_upstream``; the overlay changes no upstream stage's params, so none reruns:
+asserted) and completes; then rl_stage1 runs again in a copy of that workflow folder with the same seed, and
 ``rstar2 compare-runs`` finds no difference in its folder, while within each group the samples differ
 (per-trajectory seeds, rstar2/rollout/vllm_reproducible.py; one seed per group would give G equal samples).
 
@@ -21,7 +21,7 @@ import sys
 import pytest
 import yaml
 from conftest import REPO_ROOT, copy_run
-from test_workflow import ENV, smk
+from test_workflow import ENV, planned_jobs, smk
 from vllm_cpu import ENV as VLLM_CPU_ENV
 
 from rstar2.io import read_jsonl
@@ -71,6 +71,9 @@ def test_the_overlay_gives_the_jobs_the_vllm_cpu_tests_environment():
 @pytest.fixture(scope="module")
 def run(tiny_upstream, tmp_path_factory):
     workdir = copy_run(tiny_upstream, tmp_path_factory.mktemp("vllm_dag") / "a")
+    # vLLM settings are the RL stages', evaluation's and mining's: SFT and curation stay as they were
+    planned = planned_jobs(workdir, *CONFIGS)
+    assert planned and not {"base_model", "sft_data", "sft", "rl_candidates", "rl_data"} & set(planned), planned
     smk(workdir, "--cores", "2", "--configfile", *CONFIGS, timeout=1800)
     return workdir
 

@@ -64,7 +64,7 @@ class TrainerParams:
     bf16: bool | str      # false | true (bf16 where native) | "force" (rstar2.precision)
     gradient_checkpointing: bool
     shared_prefix: bool
-    vllm: VLLMParams
+    vllm: VLLMParams | None   # RL only: SFT never starts vLLM, so its settings must not rerun SFT
     reproducible: bool    # the top-level setting: full_determinism on CUDA (rstar2.distributed.trainer_kwargs)
 
 
@@ -270,10 +270,12 @@ def _rollout(config: dict, budget: dict, temperature: float, top_p: float, batch
                          reproducible=config["reproducible"], vllm=vllm, tool=ToolConfig(**config["tool"]))
 
 
-def _trainer(config: dict) -> TrainerParams:
+def _trainer(config: dict, vllm: bool = True) -> TrainerParams:
+    """``vllm`` False (SFT): no vLLM settings, which then change nothing the stage does."""
     d = config["distributed"]
-    return parse(TrainerParams, {**{k: d[k] for k in ("device", "bf16", "gradient_checkpointing", "shared_prefix",
-                                                      "vllm")}, "reproducible": config["reproducible"]}, "distributed")
+    return parse(TrainerParams, {**{k: d[k] for k in ("device", "bf16", "gradient_checkpointing", "shared_prefix")},
+                                 "vllm": d["vllm"] if vllm else None, "reproducible": config["reproducible"]},
+                 "distributed")
 
 
 def base_model(config: dict, section: str = "model") -> BaseModelParams:
@@ -290,7 +292,7 @@ def sft_data(config: dict) -> SFTDataParams:
 
 
 def sft(config: dict) -> SFTParams:
-    return parse(SFTParams, {**config["sft"], "trainer": _trainer(config), "seed": config["seed"]}, "sft")
+    return parse(SFTParams, {**config["sft"], "trainer": _trainer(config, vllm=False), "seed": config["seed"]}, "sft")
 
 
 def rl_data(config: dict) -> RLDataParams:
