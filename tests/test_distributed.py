@@ -93,13 +93,15 @@ def test_an_fsdp_launch_that_cannot_shard_fails_in_one_line(monkeypatch, tmp_pat
     probe.write_text("import json, os\nfrom accelerate.state import AcceleratorState\nfrom rstar2 import distributed\n"
                      "try:\n    distributed.process_state({'device': 'cuda'})\n    err = None\n"
                      "except ValueError as e:\n    err = str(e)\n"
-                     "print('PROBE', json.dumps({'rank': os.environ['RANK'], 'error': err,\n"
-                     "      'shim': hasattr(AcceleratorState.__init__, '_rstar2_fsdp_on_gloo')}))\n")
+                     "out = {'rank': os.environ['RANK'], 'error': err,\n"
+                     "       'shim': hasattr(AcceleratorState.__init__, '_rstar2_fsdp_on_gloo')}\n"
+                     # a file per process: the two processes' prints can interleave on the shared stdout
+                     f"open({str(tmp_path)!r} + '/probe' + os.environ['RANK'] + '.json', 'w').write(json.dumps(out))\n")
     r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                         str(REPO / "configs" / "accelerate" / "fsdp_cpu_2proc.yaml"), "--main_process_port",
                         str(_port()), str(probe)], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    got = [json.loads(line.split("PROBE ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("PROBE ")]
+    got = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("probe*.json"))]
     assert sorted(g["rank"] for g in got) == ["0", "1"], r.stdout[-2000:]
     for g in got:
         assert g["shim"] is False
