@@ -21,8 +21,12 @@ from rstar2.rollout import AsyncVLLMEngine
 pytest.importorskip("vllm")
 
 FIRST = first_turn()
-L = 96                           # response budget (tokens), tool responses included
-MAX_LEN, BLOCK, BLOCKS = 512, 128, 10  # KV: 1280 tokens, room for 2.5 sequences of max_model_len
+# response budget (tokens), tool responses included. The steered first turn is sampled under a regex, which admits
+# every tokenization of its 134 characters (a random model picks among them: about 40 tokens up to one per
+# character), and the ~30-token tool response must fit after it, or the trajectory ends on its budget after one
+# turn (seen: 3 of 7 runs with L = 96 on a loaded machine, where the requests' sampling order differs)
+L = 176
+MAX_LEN, BLOCK, BLOCKS = 640, 128, 10  # KV: 1280 tokens, room for 2 sequences of max_model_len
 N = 5                            # trajectories: more than the KV admits at once
 _STEER = contextvars.ContextVar("steer", default=None)  # the text a turn is steered to
 
