@@ -24,6 +24,7 @@ from test_sandbox_service_faults import SLEEP, _until
 
 from rstar2 import sandbox
 
+pytestmark = pytest.mark.slow   # image builds and container runs: `make test-fast` leaves them out
 REPO = Path(__file__).resolve().parents[1]
 CTR = str(REPO / "scripts" / "container.sh")
 FLEET = str(REPO / "scripts" / "sandbox_fleet.sh")

@@ -27,6 +27,8 @@ import pytest
 from conftest import stage_params
 from vllm_cpu import ENV as VLLM_CPU_ENV
 
+pytestmark = pytest.mark.slow   # subprocess stages and launches: `make test-fast` leaves them out
+
 REPO = Path(__file__).resolve().parents[1]
 ACCEL_CFG = REPO / "configs" / "accelerate" / "fsdp_cpu_2proc.yaml"
 RUNNER = REPO / "tests" / "fsdp_runner.py"

@@ -17,7 +17,10 @@ import time
 from base64 import urlsafe_b64encode
 from pathlib import Path
 
+import pytest
 from conftest import copy_workflow
+
+pytestmark = pytest.mark.slow   # whole-workflow runs: `make test-fast` leaves them out
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "PYTHONUNBUFFERED": "1"}

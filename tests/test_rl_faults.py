@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import stage_params, write_tiny_rl_inputs
 
+pytestmark = pytest.mark.slow   # subprocess stages and launches: `make test-fast` leaves them out
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
        "TRL_EXPERIMENTAL_SILENCE": "1"}

@@ -18,6 +18,8 @@ from conftest import stage_params, write_tiny_rl_inputs
 from conftest import kill_group_when
 import torch
 
+pytestmark = pytest.mark.slow   # subprocess stages and launches: `make test-fast` leaves them out
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
        "TRL_EXPERIMENTAL_SILENCE": "1"}
