@@ -127,6 +127,7 @@ def check_plan(plan: dict) -> list[str]:
         from accelerate.commands.launch import launch_command_parser
 
         args = launch_command_parser().parse_args(cmd[cmd.index("accelerate.commands.launch") + 1:])
+        n = args.num_processes
         if args.config_file:
             from accelerate.commands.config.config_args import load_config_from_file
 
@@ -134,7 +135,10 @@ def check_plan(plan: dict) -> list[str]:
             if acc.distributed_type.name == "FSDP" and int(acc.fsdp_config.get("fsdp_version", 1)) != 2:
                 fail(f"{args.config_file}: fsdp_version is not 2")
             lines.append(f"accelerate config {args.config_file}: {acc.distributed_type.name}")
-        n = args.num_processes or 1
+            n = n if n is not None else acc.num_processes   # the command line wins over the file, as in accelerate
+        n = 1 if n is None else n
+        if n < 1:
+            fail(f"{n} training processes: accelerate launch needs at least 1")
         if plan["rl"]["prompts_per_step"] % n:
             fail(f"rl.prompts_per_step={plan['rl']['prompts_per_step']} is not a multiple of {n} processes")
         lines.append(f"accelerate launch arguments parse ({n} process(es))")
@@ -340,6 +344,13 @@ def main() -> None:
     a = ap.parse_args()
     t0 = time.time()
     files = a.config or [SMOKE_CONFIG]
+    for f in files:
+        if not (REPO / f).is_file():
+            fail(f"--config {f}: no such file")
+    if a.model and not (Path(a.model) / "config.json").is_file():
+        fail(f"--model {a.model}: no config.json there (a Hugging Face model folder is needed)")
+    if a.processes < 1 or (a.processes != 1 and not a.fsdp):
+        fail(f"--processes {a.processes}: at least 1, and more than 1 only with --fsdp")
     try:  # a refused config or param set: its one line, no traceback
         config = smoke_config(files, a.model, a.fsdp, a.processes, decoder_layer(Path(a.model) if a.model else None))
         if a.dry_run:
