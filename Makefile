@@ -37,10 +37,13 @@ run: setup
 	HF_HUB_OFFLINE=1 $(BIN)/snakemake --cores $(CORES) $(if $(CONFIG),--configfile $(CONFIG))
 
 # Every test, with each test's time in build/test-junit.xml (scripts/test_durations.py save keeps a reference run's
-# under docs/measurements/tests/, with the machine it ran on).
+# under docs/measurements/tests/, with the machine it ran on). Two pytest-xdist workers: a module stays on one
+# worker, the longest modules start first (tests/conftest.py); many tests wait on subprocesses, a cluster or a
+# server, so two share 2 cores well. TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 test: setup-test
 	scripts/system_deps.sh test
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra --durations=20 --junitxml=build/test-junit.xml
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra --durations=20 --junitxml=build/test-junit.xml -n $(TEST_WORKERS)
 
 # For development: the tests not marked slow (no workflow, cluster, learning or container runs). CI runs `make test`.
 test-fast: setup-test
