@@ -8,7 +8,9 @@ commit's short hash by default) with ``run.json`` (CPU model, cores, the flags t
 commit, wall time) and ``durations.md`` (the total, the time per module and the slowest tests), so the docs'
 numbers about the suite have a kept source. ``table`` prints ``durations.md``'s content again from the kept XML.
 Each test's time is the sum of its set-up, call and tear-down (a module fixture's cost lands on the test that
-first used it), as pytest's ``--durations`` counts it.
+first used it), as pytest's ``--durations`` counts it. With several pytest-xdist workers (``make test`` runs two)
+the tests overlap, so their total exceeds the session's time, which the table gives as well (the XML's
+``testsuite`` time: pytest's start to its end, set-up of the environment not included).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def cases(junit: Path) -> list[dict]:
 def table(junit: Path, run: dict | None = None, top: int = 20) -> str:
     """Markdown: the machine, the counts by outcome, the total, the time per module and the ``top`` slowest."""
     rows = cases(junit)
+    session_s = float(next(ET.parse(junit).getroot().iter("testsuite")).get("time") or 0)
     total = sum(r["seconds"] for r in rows)
     counts = defaultdict(int)
     per_module = defaultdict(float)
@@ -60,7 +63,8 @@ def table(junit: Path, run: dict | None = None, top: int = 20) -> str:
                   f"commit {run['commit'][:12]}" + (f"; wall {run['wall_s'] / 60:.1f} min" if run.get("wall_s")
                                                      else "") + (f"; {run['note']}" if run.get("note") else ""), ""]
     lines += [f"{len(rows)} items: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-              + f"; total of test times {total:.0f} s ({total / 60:.1f} min)", "",
+              + f"; pytest session {session_s:.0f} s (**{session_s / 60:.1f} min**); total of test times {total:.0f} s "
+              f"({total / 60:.1f} min)", "",
               "| module | s | share |", "|---|---:|---:|"]
     for mod, s in sorted(per_module.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {mod} | {s:.1f} | {100 * s / total:.1f}% |")

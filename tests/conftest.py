@@ -147,6 +147,16 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _group(nodeid)
 
+        def _reschedule(self, node) -> None:
+            # the next group goes to a worker only when it is on its last test (xdist's own rule queues two groups
+            # ahead, so a long group could wait behind another on a busy worker while the other worker idles)
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+            elif self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
     config.option.loadscopereorder = False   # keep the longest-first order of pytest_collection_modifyitems
     return ModuleGroups(config, log)
 

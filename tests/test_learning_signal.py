@@ -24,9 +24,9 @@ from conftest import stage_params
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, WINDOW, MARGIN = 8, 3, 0.25
-# "1967 + 3933" and "Compute 988 * 66 - 49.": the SFT model solves each in about 1 of 4 samples (measured),
-# so groups are mixed from the start (a problem nobody solves gives no advantage at all)
-PROBLEMS = ("arith-train-00220", "arith-train-00210")
+# "1290 + 7792" and "Compute 988 * 66 - 49.": the SFT model below solves them in 1 and 4 of 8 samples (measured
+# at temperature 0.8), so groups are mixed from the start (a problem nobody solves gives no advantage at all)
+PROBLEMS = ("arith-train-00200", "arith-train-00210")
 
 
 LEARNING = ("configs/cpu-learning.yaml",)
@@ -41,10 +41,15 @@ def sft_model(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("learning")
     # the learning config's settings (configs/cpu-learning.yaml), as the workflow builds them
     base_model.run(stage_params("base_model", files=LEARNING), str(root / "base"))
-    sft_data.run(stage_params("sft_data", files=LEARNING), str(root / "sft_data"))
+    # 64 of the config's 160 rows at twice its learning rate (8 optimizer steps): the model learns the tool-call
+    # and answer format as well for this test, in 194 s instead of about 500 s (2-core Zen 3, float32; measured)
+    sources = [{"name": "string_tools", "generate": "string_tools", "n": 40},
+               {"name": "recovery", "generate": "recovery", "n": 24}]
+    sft_data.run(stage_params("sft_data", files=LEARNING, overrides={"sft_data": {"sources": sources}}),
+                 str(root / "sft_data"))
     # grad_accum 2 (4 rows per forward): where the CPU has no native bf16 this runs float32 (rstar2.precision),
     # which peaked above 13 GB with all 8 rows at once and at 9.1 GB with 4 (measured)
-    sft.run(stage_params("sft", files=LEARNING, overrides={"sft": {"epochs": 1, "learning_rate": 1e-4, "batch_size": 8,
+    sft.run(stage_params("sft", files=LEARNING, overrides={"sft": {"epochs": 1, "learning_rate": 2e-4, "batch_size": 8,
                                                                    "grad_accum": 2, "warmup_ratio": 0.1}}),
             str(root / "base" / "model"), str(root / "sft_data" / "train.jsonl"), str(root / "sft"))
     return root / "sft" / "model"
