@@ -27,6 +27,7 @@ from . import isolation as iso_mod
 from .probe import probe_workers
 from .python_layout import per_call_mounts, python_layout
 from .results import ExecResult, SandboxLimits
+from .uids import lease as lease_uids
 
 log = logging.getLogger("rstar2.sandbox")
 
@@ -169,7 +170,8 @@ class Pool:
 
     ``submit(code, stdin, limits) -> Future[ExecResult]``; ``run_many([(code, stdin), ...]) -> list[ExecResult]``
     in input order. isolation: ``auto`` | ``bwrap`` | ``uid`` | ``none`` (see :mod:`.isolation`); raises
-    RuntimeError at construction when no acceptable isolation exists. Thread-safe.
+    RuntimeError at construction when no acceptable isolation exists. uid_base: the first per-call uid wanted
+    when started as root; the pool leases a free range at or after it host-wide (:mod:`.uids`). Thread-safe.
     """
 
     def __init__(self, limits: SandboxLimits | None = None, workers: int | None = None, slots: int = 32,
@@ -194,8 +196,14 @@ class Pool:
         self._spawn_q: queue.Queue = queue.Queue()
         threading.Thread(target=self._spawner, daemon=True).start()
         kinds = [k for k in ("sci", "full", "lean") for _ in range(counts[k])]
-        starting = [self._spawn(i, k) for i, k in enumerate(kinds)]  # zygotes import in parallel
+        # per-call uids are found (and swept) host-wide: lease a range no other pool on this host uses
+        self._uid_lease = lease_uids(uid_base, len(kinds) * slots) if self.isolation.per_call_uid else None
+        if self._uid_lease is not None:
+            self.uid_base = self._uid_lease.base
+        starting: list[_Worker] = []
         try:
+            for i, k in enumerate(kinds):  # started one by one, the zygotes import in parallel
+                starting.append(self._spawn(i, k))
             self.workers = [w.wait_ready() for w in starting]
             self.restarts = 0
             self._probe()
@@ -204,6 +212,8 @@ class Pool:
             self._spawn_q.put((None, None, None))
             for w in starting:
                 w.kill()
+            if self._uid_lease is not None:
+                self._uid_lease.release()
             raise
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
         self._watchdog.start()
@@ -335,6 +345,8 @@ class Pool:
         import shutil
         for d in self._host_dirs:
             shutil.rmtree(d, ignore_errors=True)
+        if self._uid_lease is not None:  # after the kills: no call of this pool runs as these uids any more
+            self._uid_lease.release()
 
     def __enter__(self):
         return self
