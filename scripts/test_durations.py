@@ -75,7 +75,11 @@ def table(junit: Path, run: dict | None = None, top: int = 20) -> str:
 
 
 def save(junit: Path, name: str | None, wall_s: float | None, note: str) -> Path:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    """Keep ``junit`` with the machine and the commit of the checkout that ran it (the git repository holding the
+    junit file, e.g. a clean clone's build/; this repository's HEAD if it is in none)."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(junit).resolve().parent, capture_output=True,
+                            text=True).stdout.strip() or \
+        subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     dest = REPO / "docs" / "measurements" / "tests" / (name or commit[:7])
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(junit, dest / "junit.xml")
