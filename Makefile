@@ -2,7 +2,8 @@
 #              (make run CONFIG=my.yaml: merged over config.yaml, as snakemake --configfile my.yaml; several: "a.yaml b.yaml")
 # make test  : set up and run the test suite (unit tests + the tiny end-to-end workflow, the docs site in strict mode)
 # make test-fast: the tests not marked slow, for development
-# Both first install missing Debian packages (scripts/system_deps.sh: bubblewrap; for tests also redis-server, chromium).
+# Both first install missing Debian packages (scripts/system_deps.sh: bubblewrap; for tests also redis-server, chromium,
+#              and podman, runc, mmdebstrap for the container tests).
 PYTHON ?= python3
 VENV   ?= .venv
 CORES  ?= 2

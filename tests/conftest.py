@@ -150,11 +150,15 @@ def pytest_configure(config):
     n = os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(config.option, "numprocesses", None) or 0
     if not str(n).isdigit() or int(n) < 2:
         return
-    per = max(1, len(os.sched_getaffinity(0)) // int(n))
+    # torch takes MKL_NUM_THREADS over OMP_NUM_THREADS: a user's value for either is given to both
+    given = os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
+    per = given if given and given.isdigit() and int(given) > 0 else \
+        str(max(1, len(os.sched_getaffinity(0)) // int(n)))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, str(per))
-    if "torch" in sys.modules:   # imported by a plugin before this hook: the variable is read only at import
-        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        if not os.environ.get(var):
+            os.environ[var] = per
+    if "torch" in sys.modules:   # imported by a plugin before this hook: the variables are read only at import
+        sys.modules["torch"].set_num_threads(int(per))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -167,13 +171,18 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _reschedule(self, node) -> None:
             # the next group goes to a worker only when it is on its last test (xdist's own rule queues two groups
-            # ahead, so a long group could wait behind another on a busy worker while the other worker idles)
+            # ahead, so a long group could wait behind another on a busy worker while the other worker idles).
+            # After a worker crash xdist queues again every group that worker had, finished ones included: a
+            # group with nothing left to run must not count as the worker's next one (it hung the session).
             if node.shutting_down:
                 return
+            while self.workqueue and self._pending_of(self.assigned_work[node]) <= 1:
+                before = self._pending_of(self.assigned_work[node])
+                self._assign_work_unit(node)
+                if self._pending_of(self.assigned_work[node]) > before:
+                    break
             if not self.workqueue:
                 node.shutdown()
-            elif self._pending_of(self.assigned_work[node]) <= 1:
-                self._assign_work_unit(node)
 
     config.option.loadscopereorder = False   # keep the longest-first order of pytest_collection_modifyitems
     return ModuleGroups(config, log)

@@ -170,8 +170,9 @@ class Pool:
 
     ``submit(code, stdin, limits) -> Future[ExecResult]``; ``run_many([(code, stdin), ...]) -> list[ExecResult]``
     in input order. isolation: ``auto`` | ``bwrap`` | ``uid`` | ``none`` (see :mod:`.isolation`); raises
-    RuntimeError at construction when no acceptable isolation exists. uid_base: the first per-call uid wanted
-    when started as root; the pool leases a free range at or after it host-wide (:mod:`.uids`). Thread-safe.
+    RuntimeError at construction when no acceptable isolation exists. uid_base: the per-call uid wanted first
+    when started as root; the pool leases free blocks of 256 uids host-wide from the block holding it on
+    (:mod:`.uids`; the default 61000 starts at block 60928-61183, below systemd's dynamic users). Thread-safe.
     """
 
     def __init__(self, limits: SandboxLimits | None = None, workers: int | None = None, slots: int = 32,
@@ -193,13 +194,15 @@ class Pool:
         self._host_dirs: list[str] = []
         counts = {"sci": n, "full": n if full_workers is None else full_workers,
                   "lean": n if lean_workers is None else lean_workers}
-        self._spawn_q: queue.Queue = queue.Queue()
-        threading.Thread(target=self._spawner, daemon=True).start()
         kinds = [k for k in ("sci", "full", "lean") for _ in range(counts[k])]
-        # per-call uids are found (and swept) host-wide: lease a range no other pool on this host uses
+        # per-call uids are found (and swept) host-wide: lease a range no other pool on this host uses, and kill
+        # what a dead earlier holder left running as its uids
         self._uid_lease = lease_uids(uid_base, len(kinds) * slots) if self.isolation.per_call_uid else None
         if self._uid_lease is not None:
             self.uid_base = self._uid_lease.base
+            self._uid_lease.sweep()
+        self._spawn_q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._spawner, daemon=True).start()
         starting: list[_Worker] = []
         try:
             for i, k in enumerate(kinds):  # started one by one, the zygotes import in parallel
@@ -207,12 +210,13 @@ class Pool:
             self.workers = [w.wait_ready() for w in starting]
             self.restarts = 0
             self._probe()
-        except Exception:
+        except BaseException:  # a KeyboardInterrupt too: nothing of a half-started pool may outlive it
             self._closed = True  # the zygotes' readers must not replace what is killed here
             self._spawn_q.put((None, None, None))
             for w in starting:
                 w.kill()
             if self._uid_lease is not None:
+                self._uid_lease.sweep()
                 self._uid_lease.release()
             raise
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
@@ -345,7 +349,8 @@ class Pool:
         import shutil
         for d in self._host_dirs:
             shutil.rmtree(d, ignore_errors=True)
-        if self._uid_lease is not None:  # after the kills: no call of this pool runs as these uids any more
+        if self._uid_lease is not None:  # after the zygotes' kills, what their calls left (setsid daemons) too
+            self._uid_lease.sweep()
             self._uid_lease.release()
 
     def __enter__(self):
