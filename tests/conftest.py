@@ -142,7 +142,7 @@ def _group(nodeid: str) -> str:
 def pytest_configure(config):
     """Under N xdist workers, each worker (and the stages, engines and trainers it starts) gets cores // N torch
     threads: two workers of 2 threads each on 2 cores ran a tiny model's train-and-decode loop 3-5x slower than two
-    of 1 thread (measured on a 2-core Xeon: 26 s against 8.4 s each; 5.1 s alone). An explicit
+    of 1 thread (benchmarks/bench_threads_per_worker.py on a 2-core Xeon: 26 s against 8.4 s each; 5.1 s alone). An explicit
     OMP_NUM_THREADS / MKL_NUM_THREADS wins."""
     import os
     import sys
