@@ -36,6 +36,12 @@ ALIASES = {"rl-data": ["label-verification"]}
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] != ["stage-server"]:
+        # a job started from the command line: on a pre-imported stage server when one is configured
+        from .stage_client import delegate
+        served = delegate(sys.argv)
+        if served is not None:
+            return served
     parser = argparse.ArgumentParser(prog="rstar2", description=__doc__)
     sub = parser.add_subparsers(dest="stage", required=True)
     specs = {
@@ -74,7 +80,16 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--tokenizer", default=None, help="policy model folder whose tokenizer measures prompts "
                                                              "(only with max_prompt_tokens)")
     _reproduce_parsers(sub)
+    p = sub.add_parser("stage-server", help="serve stage jobs from one pre-imported process (small runs, tests)",
+                       description="Listen on SOCKET; `rstar2 <stage>` commands with RSTAR2_STAGE_SERVER=SOCKET in "
+                                   "their environment fork from this process instead of importing torch, "
+                                   "transformers and TRL themselves (rstar2/stages/server.py).")
+    p.add_argument("socket", help="path of the Unix socket to create")
     a = parser.parse_args(argv)
+    if a.stage == "stage-server":
+        from .stages import server
+        server.serve(a.socket, run=main)
+        return 0
     a.stage = next((name for name, old in ALIASES.items() if a.stage in old), a.stage)
     if a.stage in ("compare-runs", "reproduce"):
         return _reproduce(a)

@@ -2,6 +2,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import served
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -12,6 +13,7 @@ def copy_workflow(dest: Path) -> Path:
     folder would depend on the user's own ``results/`` (after ``make run`` a finished stage drops out of it)."""
     from rstar2.reproduce import scratch_copy
 
+    served.start()   # the stage server its jobs fork from (tests/served.py)
     return scratch_copy(REPO, dest)
 
 
@@ -101,9 +103,9 @@ def tiny_upstream(tmp_path_factory) -> Path:
         wd, done = root / "tiny_upstream", root / "tiny_upstream.done"
         if not done.exists():
             copy_workflow(wd)
-            env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-            proc = subprocess.run([sys.executable, "-m", "snakemake", *TINY_UPSTREAM_TARGETS, "--cores", "2",
-                                   "--configfile", "configs/tiny.yaml"], cwd=wd, env=env, capture_output=True,
+            env = served.env()
+            proc = subprocess.run([sys.executable, "-m", "snakemake", *TINY_UPSTREAM_TARGETS, *served.snakemake_args(),
+                                   "--cores", "2", "--configfile", "configs/tiny.yaml"], cwd=wd, env=env, capture_output=True,
                                   text=True, timeout=900)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
             done.touch()
@@ -140,6 +142,15 @@ def _group(nodeid: str) -> str:
 
 
 def pytest_configure(config):
+    _threads_per_worker(config)
+    served.configure()   # after the thread counts: the stage server imports under the jobs' environment
+
+
+def pytest_unconfigure(config):
+    served.stop()
+
+
+def _threads_per_worker(config) -> None:
     """Under N xdist workers, each worker (and the stages, engines and trainers it starts) gets cores // N torch
     threads: two workers of 2 threads each on 2 cores ran a tiny model's train-and-decode loop 3-5x slower than two
     of 1 thread (benchmarks/bench_threads_per_worker.py on a 2-core Xeon: 26 s against 8.4 s each; 5.1 s alone). An explicit

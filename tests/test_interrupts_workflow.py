@@ -18,16 +18,18 @@ from base64 import urlsafe_b64encode
 from pathlib import Path
 
 import pytest
+import served
 from conftest import copy_workflow
 
 pytestmark = pytest.mark.slow   # whole-workflow runs: `make test-fast` leaves them out
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-       "PYTHONUNBUFFERED": "1"}
+# unserved (tests/served.py): _rl_processes finds the job by its command line, which a served job's process has not
+ENV = {k: v for k, v in {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                         "PYTHONUNBUFFERED": "1"}.items() if k != "RSTAR2_STAGE_SERVER"}
 STOP_WITHIN_S = 30   # from the signal to snakemake's exit: the job stops, then Snakemake cleans up and exits
 STAGE = "results/rl/stage1/manifest.json"
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "configs/tiny.yaml", "interrupt.yaml",
-             "--"]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", *served.snakemake_args(), "--cores", "2", "--configfile",
+             "configs/tiny.yaml", "interrupt.yaml", "--"]
 
 
 def _upstream(wd: Path) -> None:

@@ -8,20 +8,19 @@ even sample indices, so every group is mixed and every step updates). Faults com
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import served
 from conftest import stage_params, write_tiny_rl_inputs
 
 pytestmark = pytest.mark.slow   # subprocess stages and launches: `make test-fast` leaves them out
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-       "TRL_EXPERIMENTAL_SILENCE": "1"}
+ENV = served.env()   # the stage runner below is served by the test worker's stage server (tests/served.py)
 ENV.pop("RSTAR2_INJECT_FAULTS", None)
 STEPS = 3
 CALLS_PER_STEP = 4   # 1 prompt x 2G = 4 trajectories, one tool call each
@@ -69,6 +68,7 @@ RUNNER = textwrap.dedent('''
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     write_tiny_rl_inputs(root, 8)
+    served.start()
     (root / "runner.py").write_text(RUNNER)
     params = stage_params("rl", "stage1", overrides={"seed": 5, "tool": {"timeout_s": 3}, "rl": {
         "reward": "answer", "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2, "oversample": 2,
@@ -88,9 +88,9 @@ def _stage(setup, name: str, inject: dict | None = None, retries: int = 2, **fau
     if inject:
         env["RSTAR2_INJECT_FAULTS"] = json.dumps(inject)
     p = {**params, "faults": {**params["faults"], **faults}}
-    r = subprocess.run([sys.executable, str(root / "runner.py"), json.dumps(p), str(root / "model"),
-                        str(root / "train.jsonl"), str(out)], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-m", "rstar2.stage_client", str(root / "runner.py"), json.dumps(p),
+                        str(root / "model"), str(root / "train.jsonl"), str(out)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
     return r, out
 
 

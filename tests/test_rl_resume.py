@@ -7,13 +7,13 @@ update and a wrongly restored RNG all show), and sleeps a little per step so the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import served
 from conftest import stage_params, write_tiny_rl_inputs
 from conftest import kill_group_when
 import torch
@@ -21,8 +21,7 @@ import torch
 pytestmark = pytest.mark.slow   # subprocess stages and launches: `make test-fast` leaves them out
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-       "TRL_EXPERIMENTAL_SILENCE": "1"}
+ENV = served.env()   # the stage runner below is served by the test worker's stage server (tests/served.py)
 STEPS = 6
 
 RUNNER = textwrap.dedent('''
@@ -109,6 +108,7 @@ RUNNER = textwrap.dedent('''
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     write_tiny_rl_inputs(root, 10)
+    served.start()
     (root / "runner.py").write_text(RUNNER)
     params = stage_params("rl", "stage1", overrides={"seed": 1, "tool": {"timeout_s": 3}, "rl": {
         "mode": "grpo_roc", "positive_selection": "inverse_prob", "group_size": 2, "oversample": 2,
@@ -118,8 +118,9 @@ def setup(tmp_path_factory):
 
 
 def _cmd(root, params, out, model=None, optimizer_from=None):
-    return [sys.executable, str(root / "runner.py"), json.dumps(params), str(model or root / "model"),
-            str(root / "train.jsonl"), str(out)] + ([str(optimizer_from)] if optimizer_from else [])
+    return [sys.executable, "-m", "rstar2.stage_client", str(root / "runner.py"), json.dumps(params),
+            str(model or root / "model"), str(root / "train.jsonl"), str(out)] + \
+        ([str(optimizer_from)] if optimizer_from else [])
 
 
 def _run(cmd, **env):
@@ -269,7 +270,8 @@ def test_fingerprint_changes_with_the_reward_code(tmp_path, monkeypatch):
     assert checkpoints.fingerprint(*args) != before
 
 
-REAL = {"RSTAR2_TEST_REAL_ROLLOUTS": "1", "RSTAR2_TEST_PAUSE_S": "1.5"}
+REAL = {"RSTAR2_TEST_REAL_ROLLOUTS": "1"}
+KILLED = {**REAL, "RSTAR2_TEST_PAUSE_S": "1.5"}   # pauses (and a long one after the last checkpoint) to kill in
 REAL_STEPS = 4
 
 
@@ -280,7 +282,7 @@ def real(setup):
     root, params = setup
     params = {**params, "steps": REAL_STEPS, "checkpoint_every": 2}
     ref = root / "real-ref" / "stage1"
-    _run(_cmd(root, params, ref), **REAL)
+    _run(_cmd(root, params, ref), **REAL)   # no pause: sleeping changes no result, and would hold the last 120 s
     return root, params, ref
 
 
@@ -299,7 +301,7 @@ def test_real_rollouts_killed_and_resumed_equal_the_uninterrupted_run(real, kill
     ready = {"step1": lambda: (out / "metrics.jsonl").exists() and len(_rows(out / "metrics.jsonl")) >= 1,
              "checkpoint2": lambda: (ckpts / "checkpoint-2" / "rstar2_state.json").exists(),
              "last_checkpoint": lambda: (ckpts / f"checkpoint-{REAL_STEPS}" / "rstar2_state.json").exists()}[kill_after]
-    proc = subprocess.Popen(_cmd(root, params, out), cwd=REPO, env={**ENV, **REAL}, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_cmd(root, params, out), cwd=REPO, env={**ENV, **KILLED}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     kill_group_when(proc, ready, 400, "the stage ended before the kill point", "kill point not reached in time",
                     poll_s=0.05)
@@ -307,7 +309,7 @@ def test_real_rollouts_killed_and_resumed_equal_the_uninterrupted_run(real, kill
     killed_at = max(r["step"] for r in _rows(out / "metrics.jsonl"))
     assert killed_at == {"step1": 1, "checkpoint2": 2, "last_checkpoint": REAL_STEPS}[kill_after]
 
-    resumed = subprocess.run(_cmd(root, params, out), cwd=REPO, env={**ENV, "RSTAR2_TEST_REAL_ROLLOUTS": "1"},
+    resumed = subprocess.run(_cmd(root, params, out), cwd=REPO, env={**ENV, **REAL},
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     start = json.loads((out / "manifest.json").read_text())["counts"]["resumed_from_step"]

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import served
 from conftest import REPO_ROOT, copy_run, copy_workflow, kill_group_when
 from rstar2.io import file_sha256, read_jsonl
 from rstar2.rl.checkpoints import STATE_FILE
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", *served.snakemake_args()]   # the worker's threads
 TINY = "configs/tiny.yaml"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-       "PYTHONUNBUFFERED": "1"}
+ENV = served.env()   # the stage server (tests/served.py) imports under the same
 
 
 def smk(workdir: Path, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
