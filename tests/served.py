@@ -35,10 +35,12 @@ def configure() -> None:
     _state["threads"] = threads if threads.isdigit() and int(threads) > 0 else str(len(os.sched_getaffinity(0)))
     if os.environ.get("RSTAR2_TEST_STAGE_SERVER") == "0":
         os.environ.pop(ENV_VAR, None)
-        return
-    folder = Path(tempfile.mkdtemp(prefix="rstar2-stage-server-"))
-    os.environ[ENV_VAR] = str(folder / "socket")
-    _state["folder"] = folder
+    else:
+        _state["folder"] = Path(tempfile.mkdtemp(prefix="rstar2-stage-server-"))
+        os.environ[ENV_VAR] = str(_state["folder"] / "socket")
+    # frozen here: tests change this process's environment as they go (vLLM's import sets a variable, a torch
+    # compile two more), and a job must see what the server saw
+    _state["base"] = dict(os.environ)
 
 
 def snakemake_args() -> list[str]:
@@ -50,10 +52,10 @@ def snakemake_args() -> list[str]:
 
 
 def env() -> dict[str, str]:
-    """The environment of a stage process the tests start (a Snakemake run, a stage runner script): this process's,
-    offline, unbuffered, and with every thread variable Snakemake sets at the worker's count. The server's is the
-    same, so these processes are served."""
-    return {**os.environ, **SESSION, **dict.fromkeys(SNAKEMAKE_THREAD_VARS, _state["threads"])}
+    """The environment of a stage process the tests start (a Snakemake run, a stage runner script): this process's
+    as it was when the session started (:func:`configure`), offline, unbuffered, and with every thread variable
+    Snakemake sets at the worker's count. The server's is the same, so these processes are served."""
+    return {**_state["base"], **SESSION, **dict.fromkeys(SNAKEMAKE_THREAD_VARS, _state["threads"])}
 
 
 def start() -> None:
