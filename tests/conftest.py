@@ -127,13 +127,13 @@ def copy_run(src: Path, dest: Path) -> Path:
 # directory at a time; the torch.distributed rendezvous port), and the groups are handed out longest first, so that
 # the last group to start is a short one.
 SHARED_GROUPS = {"test_cluster": "slurm", "test_slurm_live": "slurm", "test_two_nodes": "slurm"}
-# seconds per group in the kept reference run (docs/measurements/tests/7b35909, 2-core Zen 3, one process);
+# seconds per group in the kept reference run (docs/measurements/tests/a444164-amx, 2-core Xeon, two workers);
 # a group not listed counts as short
-GROUP_SECONDS = {"test_learning_signal": 784, "test_workflow": 509, "slurm": 473, "test_rl_resume": 422,
-                 "test_vllm_dag": 353, "test_fsdp": 169, "test_rl_faults": 116, "test_containers": 112,
-                 "test_vllm_server": 75, "test_interrupts": 71, "test_report": 45, "test_interrupts_workflow": 43,
-                 "test_distributed": 37, "test_sandbox_adversarial": 37, "test_vllm_rollout": 34,
-                 "test_sandbox_service": 30, "test_vllm_rl": 28}
+GROUP_SECONDS = {"test_learning_signal": 527, "slurm": 460, "test_vllm_dag": 368, "test_workflow": 248, "test_fsdp": 212,
+                 "test_rl_resume": 159, "test_vllm_server": 91, "test_containers": 84, "test_rl_faults": 69,
+                 "test_vllm_rollout": 62, "test_interrupts": 61, "test_distributed": 45, "test_vllm_rl": 44,
+                 "test_sandbox_adversarial": 41, "test_report": 39, "test_interrupts_workflow": 36,
+                 "test_sandbox_service": 29}
 
 
 def _group(nodeid: str) -> str:

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+import served
 from conftest import stage_params
 
-from rstar2.stage_client import ENV_VAR
+from rstar2.stage_client import ENV_VAR, LAUNCHED
 
 RSTAR2 = [sys.executable, "-m", "rstar2.cli"]
 
@@ -26,7 +27,9 @@ RSTAR2 = [sys.executable, "-m", "rstar2.cli"]
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stage_server")
     sock, log = folder / "socket", folder / "server.log"
-    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    # the session's own environment (tests/served.py): a test before this one may have left e.g. WORLD_SIZE in this
+    # process's, with which a client rightly runs unserved
+    env = {k: v for k, v in served.env().items() if k != ENV_VAR and k not in LAUNCHED}
     proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli", "stage-server", str(sock)], env=env,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 60
@@ -115,7 +118,7 @@ def test_signals_reach_the_job_and_a_killed_client_takes_its_job_with_it(server,
 def test_a_different_import_time_environment_or_a_launcher_runs_unserved(server, tmp_path):
     (tmp_path / "rows.json").write_text(json.dumps([{"instruction": "Say hi.", "input": "", "output": "hi"}]))
     before = len(_served(server["log"], "sft-data"))
-    threads = os.environ.get("OMP_NUM_THREADS", "")
+    threads = server["env"].get("OMP_NUM_THREADS", "")
     for i, extra in enumerate(({"OMP_NUM_THREADS": threads + "7"}, {"WORLD_SIZE": "1", "RANK": "0"})):
         done = subprocess.run([*RSTAR2, "sft-data", "--params", _sft_data_params("rows.json"), "--out", f"out{i}"],
                               cwd=tmp_path, env={**server["env"], **extra}, capture_output=True, text=True,

@@ -26,7 +26,8 @@ def test_a_worker_crash_fails_its_test_and_the_session_still_ends(tmp_path):
     xdist replaces the crashed worker and queues again every module that worker had, finished ones included; the
     run must report the crash as a failure and run everything else, not wait forever for a worker whose queued
     module has nothing left to run (the override once did: measured as a hang until killed)."""
-    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    for name in ("conftest.py", "served.py"):
+        shutil.copy(Path(__file__).with_name(name), tmp_path / name)
     for name in "abc":
         (tmp_path / f"test_sched_{name}.py").write_text("def test_1(): pass\ndef test_2(): pass\ndef test_3(): pass\n")
     (tmp_path / "test_sched_d.py").write_text(CRASH_ONCE)

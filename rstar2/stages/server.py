@@ -128,17 +128,17 @@ def serve(path: str, run: Callable[[], int]) -> None:
     finally:
         os.umask(mask)
     listener.listen(64)
-    preimport()
-    gc.freeze()   # forked jobs then do not copy the pages of every imported object at their first collection
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *a: None)
     stop = []
-    for s in (signal.SIGTERM, signal.SIGINT):
+    for s in (signal.SIGTERM, signal.SIGINT):   # before the imports: a stop during them still removes the socket
         signal.signal(s, lambda *a: stop.append(1))
     jobs: dict[int, tuple[socket.socket, str, float]] = {}   # job pid -> its client's connection, stage, start
     try:
+        preimport()
+        gc.freeze()   # forked jobs then do not copy the pages of every imported object at their first collection
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *a: None)
         while not stop and os.getppid() == parent:
             conns = [j[0] for j in jobs.values() if j[0] is not None]
             ready, _, _ = select.select([listener, wake_r, *conns], [], [], 1.0)
