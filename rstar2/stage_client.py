@@ -1,7 +1,7 @@
 """The client side of the stage server (``rstar2/stages/server.py``): a stage job's process hands its command line,
-folder, environment, umask and standard streams to the server, which forks the job from its pre-imported process,
-then forwards the signals it gets to the job and exits with the job's status. Imports nothing heavy: it runs first in
-every ``rstar2`` command.
+folder, environment, umask, ignored signals and standard streams to the server, which forks the job from its
+pre-imported process, then forwards the signals it gets to the job and exits with the job's status. Imports nothing
+heavy: it runs first in every ``rstar2`` command. Both sides check that the other runs as the same user.
 
 ``python -m rstar2.stage_client SCRIPT ARGS`` runs a Python script the same way (the tests' stage runners), or in
 this process, as ``python SCRIPT ARGS`` would, when no server takes it.
@@ -27,7 +27,11 @@ IMPORT_TIME = ("OMP_", "GOMP_", "MKL_", "OPENBLAS", "GOTO_", "VECLIB_", "NUMEXPR
                "TRITON", "TOKENIZERS_", "ACCELERATE_", "DATASETS_", "TRL_", "SAFETENSORS", "MPL", "PYTHON", "LD_",
                "XDG_", "HOME", "LANG", "LC_")
 LAUNCHED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_JOB_ID")
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGTSTP, signal.SIGCONT)
+# limits a served job would otherwise take from the server: a client whose differ runs unserved
+RLIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_RSS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC",
+           "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_MEMLOCK")
 
 
 
@@ -41,9 +45,23 @@ def import_time_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in RUNTIME}
 
 
-def interpreter() -> list[str]:
-    """The interpreter and environment (venv) a process runs in; a client's must be the server's."""
-    return [os.path.realpath(sys.executable), os.path.realpath(sys.prefix)]
+def process_context() -> dict:
+    """What a process runs with beyond its environment, which a served job would take from the server: the
+    interpreter and its venv, the rstar2 package's folder (another checkout's code), Python's flags, warning and -X
+    options, CPU affinity, niceness and resource limits. A client's must equal the server's (else it runs unserved)."""
+    import resource
+
+    return {"interpreter": [os.path.realpath(sys.executable), os.path.realpath(sys.prefix)],
+            "package": os.path.dirname(os.path.realpath(__file__)), "flags": list(sys.flags),
+            "warnoptions": list(sys.warnoptions), "xoptions": sorted(map(str, sys._xoptions.items())),
+            "affinity": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "rlimits": {r: list(resource.getrlimit(getattr(resource, r))) for r in RLIMITS if hasattr(resource, r)}}
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid
 
 
 def send(sock: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
@@ -87,17 +105,23 @@ def delegate(argv: list[str], script: bool = False) -> int | None:
     if not path or any(k in os.environ for k in LAUNCHED):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ignored = [s for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]   # e.g. under nohup: stay ignored
     try:
         sock.connect(path)
+        if peer_uid(sock) != os.geteuid():   # someone else's socket: it gets neither our environment nor streams
+            raise OSError("the stage server runs as another user")
         mask = os.umask(0)
         os.umask(mask)
-        send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": mask,
-                     "interpreter": interpreter(), "script": script}, fds=[0, 1, 2])
+        sock.settimeout(600)   # its imports, on a busy machine; then this job runs here
+        send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": mask, "script": script,
+                    "ignored": [int(s) for s in ignored], "context": process_context()}, fds=[0, 1, 2])
         reply, _ = recv(sock)
+        sock.settimeout(None)
     except (OSError, EOFError, ValueError):
         sock.close()
         return None
-    if "pid" not in reply:   # refused: runs here
+    pid = reply.get("pid") if isinstance(reply, dict) else None
+    if not isinstance(pid, int) or pid <= 1:   # refused: runs here
         sock.close()
         return None
 
@@ -106,18 +130,23 @@ def delegate(argv: list[str], script: bool = False) -> int | None:
             sock.sendall(bytes([signum]))
         except OSError:
             pass
+        if signum == signal.SIGTSTP:   # Ctrl-Z: the job stops, and so does this process, as without the server
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     for s in FORWARDED:
-        signal.signal(s, forward)
+        if s not in ignored:
+            signal.signal(s, forward)
     try:
         status = recv(sock)[0]["status"]
-    except (OSError, EOFError, ValueError):   # the server died: its job must not run on unwatched
+    except (OSError, EOFError, ValueError, KeyError, TypeError):   # the server died: its job must not run unwatched
         try:
-            os.killpg(reply["pid"], signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
         print(f"rstar2: the stage server at {path} went away while running this job", file=sys.stderr)
         return 1
+    finally:
+        sock.close()
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         signal.signal(sig, signal.SIG_DFL)

@@ -1,6 +1,7 @@
 """The test session's stage server (rstar2/stages/server.py): stage jobs that Snakemake starts in the tests
 (``rstar2 <stage>``) fork from one process per test worker that has torch, transformers and TRL imported, instead of
-importing them again (about 6 of a tiny RL job's 11 s on a 2-core Xeon; docs/tests.md). ``configure`` (from
+importing them again (a tiny RL job: 11.0 s unserved, 4.4-4.5 s served on a 2-core Xeon; docs/tests.md), and so do
+the stage runner scripts of tests/test_rl_resume.py and tests/test_rl_faults.py (``python -m rstar2.stage_client``). ``configure`` (from
 conftest's ``pytest_configure``) names the socket in ``$RSTAR2_STAGE_SERVER`` before any test module builds its
 environment; the first workflow copy (conftest ``copy_workflow``) starts the server; ``stop`` ends it. Until it
 answers, or where a job's import-time environment differs from the session's, jobs import for themselves, so no

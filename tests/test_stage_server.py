@@ -115,6 +115,49 @@ def test_signals_reach_the_job_and_a_killed_client_takes_its_job_with_it(server,
         assert f"(pid {job}) exited {-sig} after " in _served(server["log"], "sft-data")[-1], server["log"].read_text()
 
 
+def _blocked_job(server, tmp_path: Path, **popen):
+    """A served sft-data job blocked opening its FIFO ``--log``, its client and the job's pid."""
+    if not (tmp_path / "job.log").exists():
+        os.mkfifo(tmp_path / "job.log")
+    client = subprocess.Popen([*RSTAR2, "sft-data", "--params", _sft_data_params("rows.json"), "--out", "out",
+                               "--log", "job.log"], cwd=tmp_path, env=server["env"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, **popen)
+    deadline = time.time() + 60
+    while not _job_processes(tmp_path, client.pid):
+        assert client.poll() is None and time.time() < deadline, server["log"].read_text()
+        time.sleep(0.05)
+    return client, _job_processes(tmp_path, client.pid)[0]
+
+
+def test_ignored_signals_stay_ignored_and_sigint_kills_as_python_does(server, tmp_path):
+    """Under ``nohup`` (SIGHUP ignored) a served job ignores SIGHUP too; an uncaught SIGINT ends the job and its
+    client by SIGINT, as Python's own KeyboardInterrupt exit does."""
+    client, job = _blocked_job(server, tmp_path, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    client.send_signal(signal.SIGHUP)
+    time.sleep(1)
+    assert client.poll() is None and Path(f"/proc/{job}/status").exists(), "SIGHUP was not ignored"
+    client.send_signal(signal.SIGINT)
+    assert client.wait(timeout=30) == -signal.SIGINT
+    assert f"(pid {job}) exited {-signal.SIGINT} after " in _served(server["log"], "sft-data")[-1]
+
+
+def test_a_malformed_request_ends_neither_the_server_nor_its_jobs(server, tmp_path):
+    import socket
+
+    from rstar2.stage_client import send
+    (tmp_path / "rows.json").write_text("[]")
+    client, job = _blocked_job(server, tmp_path)
+    for request in ({"argv": []}, {"argv": "x"}, {}):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(server["env"][ENV_VAR])
+            send(sock, request, fds=[0, 1, 2])
+            assert sock.recv(10) == b""   # closed, no reply
+    assert client.poll() is None and Path(f"/proc/{job}/status").exists(), server["log"].read_text()
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(timeout=30) == -signal.SIGTERM
+    assert server["log"].read_text().count("a request failed: ") == 3, server["log"].read_text()
+
+
 def test_a_different_import_time_environment_or_a_launcher_runs_unserved(server, tmp_path):
     (tmp_path / "rows.json").write_text(json.dumps([{"instruction": "Say hi.", "input": "", "output": "hi"}]))
     before = len(_served(server["log"], "sft-data"))
