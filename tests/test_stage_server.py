@@ -132,7 +132,11 @@ def _blocked_job(server, tmp_path: Path, **popen):
 def test_ignored_signals_stay_ignored_and_sigint_kills_as_python_does(server, tmp_path):
     """Under ``nohup`` (SIGHUP ignored) a served job ignores SIGHUP too; an uncaught SIGINT ends the job and its
     client by SIGINT, as Python's own KeyboardInterrupt exit does."""
-    client, job = _blocked_job(server, tmp_path, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    def nohup():   # SIGINT as a shell gives it: an xdist worker ignores it, and its children would inherit that
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    client, job = _blocked_job(server, tmp_path, preexec_fn=nohup)
     client.send_signal(signal.SIGHUP)
     time.sleep(1)
     assert client.poll() is None and Path(f"/proc/{job}/status").exists(), "SIGHUP was not ignored"
