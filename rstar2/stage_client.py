@@ -19,7 +19,7 @@ import sys
 ENV_VAR = "RSTAR2_STAGE_SERVER"
 # Read when the server's libraries (or Python itself) start: thread pools (GNU OpenMP, MKL, OpenBLAS, numexpr), the
 # Hugging Face and torch settings and cache folders, Python's own start-up, the dynamic loader, the locale. A job whose
-# value differs from the server's runs unserved. Not here: the temporary folder (a served job finds its own, below)
+# value differs from the server's runs unserved. Not here: the temporary folder (a served job finds its own: rstar2/stages/server.py)
 # and Intel OpenMP's KMP_* (scikit-learn and joblib set two in any process that imports them; torch's Linux wheels
 # run GNU OpenMP).
 IMPORT_TIME = ("OMP_", "GOMP_", "MKL_", "OPENBLAS", "GOTO_", "VECLIB_", "NUMEXPR_", "ONEDNN", "DNNL", "ATEN_", "HF_",

@@ -1,11 +1,11 @@
 """The test session's stage server (rstar2/stages/server.py): stage jobs that Snakemake starts in the tests
 (``rstar2 <stage>``) fork from one process per test worker that has torch, transformers and TRL imported, instead of
 importing them again (a tiny RL job: 11.0 s unserved, 4.4-4.5 s served on a 2-core Xeon; docs/tests.md), and so do
-the stage runner scripts of tests/test_rl_resume.py and tests/test_rl_faults.py (``python -m rstar2.stage_client``). ``configure`` (from
-conftest's ``pytest_configure``) names the socket in ``$RSTAR2_STAGE_SERVER`` before any test module builds its
-environment; the first workflow copy (conftest ``copy_workflow``) starts the server; ``stop`` ends it. Until it
-answers, or where a job's import-time environment differs from the session's, jobs import for themselves, so no
-result depends on it. ``RSTAR2_TEST_STAGE_SERVER=0`` runs the suite without it."""
+the stage runner scripts of tests/test_rl_resume.py and tests/test_rl_faults.py (``python -m rstar2.stage_client``).
+``configure`` (from conftest's ``pytest_configure``) names the socket in ``$RSTAR2_STAGE_SERVER`` before any test
+module builds its environment; the first workflow copy (conftest ``copy_workflow``) starts the server; ``stop`` ends
+it. Until it answers, or where a job's import-time environment differs from the session's, jobs import for
+themselves, so no result depends on it. ``RSTAR2_TEST_STAGE_SERVER=0`` runs the suite without it."""
 
 from __future__ import annotations
 
@@ -63,10 +63,9 @@ def start() -> None:
     """Start the server once per process (a no-op when disabled or started)."""
     if "folder" not in _state or "proc" in _state:
         return
-    from rstar2.stage_client import ENV_VAR
-
     log = open(_state["folder"] / "server.log", "w")
-    _state["proc"] = subprocess.Popen([sys.executable, "-m", "rstar2.cli", "stage-server", os.environ[ENV_VAR]],
+    socket = str(_state["folder"] / "socket")   # configure() named it in $RSTAR2_STAGE_SERVER
+    _state["proc"] = subprocess.Popen([sys.executable, "-m", "rstar2.cli", "stage-server", socket],
                                       env=env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                       start_new_session=True)
 

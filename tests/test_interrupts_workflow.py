@@ -21,11 +21,12 @@ import pytest
 import served
 from conftest import copy_workflow
 
+from rstar2.stage_client import ENV_VAR
+
 pytestmark = pytest.mark.slow   # whole-workflow runs: `make test-fast` leaves them out
 
 # unserved (tests/served.py): _rl_processes finds the job by its command line, which a served job's process has not
-ENV = {k: v for k, v in {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                         "PYTHONUNBUFFERED": "1"}.items() if k != "RSTAR2_STAGE_SERVER"}
+ENV = {k: v for k, v in served.env().items() if k != ENV_VAR}
 STOP_WITHIN_S = 30   # from the signal to snakemake's exit: the job stops, then Snakemake cleans up and exits
 STAGE = "results/rl/stage1/manifest.json"
 SNAKEMAKE = [sys.executable, "-m", "snakemake", *served.snakemake_args(), "--cores", "2", "--configfile",
