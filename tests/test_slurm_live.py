@@ -100,7 +100,8 @@ def _jobs(env: dict) -> dict[int, dict]:
 
 def _show(jobs: dict[int, dict]) -> None:
     """SLURM's record of each job, one line per job (in the test log: pytest -rA)."""
-    keys = ("JobId", "JobState", "ExitCode", "Partition", "NumCPUs", "MinMemoryNode", "TimeLimit", "Comment")
+    keys = ("JobId", "JobState", "ExitCode", "Partition", "NumCPUs", "MinMemoryNode", "TimeLimit", "SubmitTime",
+            "StartTime", "EndTime", "Comment")
     for _, j in sorted(jobs.items()):
         print("[slurm] " + " ".join(f"{k}={j.get(k)}" for k in keys))
 

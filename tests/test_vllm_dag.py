@@ -31,6 +31,8 @@ pytest.importorskip("vllm")
 CONFIGS = ("configs/tiny.yaml", "configs/tiny-vllm.yaml")
 RL = ("rl/stage1", "rl/stage2", "rl/stage3")
 EVALUATED = ("rl_stage3",)   # configs/tiny-vllm.yaml
+# the vLLM tests' environment; an AsyncLLM's engine core also runs the model (no worker process), as in the server test
+DAG_ENV = {**VLLM_CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def test_per_trajectory_seeds_reach_the_colocated_engine(qwen_tokenizer):
@@ -65,7 +67,26 @@ def test_per_trajectory_seeds_reach_the_colocated_engine(qwen_tokenizer):
 
 def test_the_overlay_gives_the_jobs_the_vllm_cpu_tests_environment():
     overlay = yaml.safe_load((REPO_ROOT / "configs/tiny-vllm.yaml").read_text())
-    assert overlay["distributed"]["vllm"]["env"] == VLLM_CPU_ENV and overlay["rollout"] == {"engine": "vllm"}
+    assert overlay["distributed"]["vllm"]["env"] == DAG_ENV and overlay["rollout"] == {"engine": "vllm"}
+
+
+def test_enforce_eager_reaches_the_llm_trl_colocates():
+    """TRL builds its colocated ``vllm.LLM`` without ``enforce_eager``: the RL stage hands it in while the trainer is
+    built (rstar2.rollout.vllm_settings.colocated_llm_args), and only with the switch set."""
+    from trl.generation import vllm_generation
+
+    from rstar2.rollout.vllm_settings import colocated_llm_args
+
+    built = vllm_generation.LLM
+    with colocated_llm_args({"enforce_eager": True, "env": {}}):
+        assert vllm_generation.LLM.func is built and vllm_generation.LLM.keywords == {"enforce_eager": True}
+    assert vllm_generation.LLM is built
+    for off in (None, {"enforce_eager": False}):
+        with colocated_llm_args(off):
+            assert vllm_generation.LLM is built
+    with pytest.raises(RuntimeError), colocated_llm_args({"enforce_eager": True}):
+        raise RuntimeError("the trainer failed to build")
+    assert vllm_generation.LLM is built
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +108,7 @@ def test_tiny_dag_completes_with_rollout_engine_vllm(run):
     for stage in generated:
         params = json.loads((results / stage / "manifest.json").read_text())["params"]
         assert params["rollout"]["engine"] == "vllm", stage
-        assert params["rollout"]["vllm"]["env"] == VLLM_CPU_ENV, stage
+        assert params["rollout"]["vllm"]["env"] == DAG_ENV, stage
     steps = yaml.safe_load((REPO_ROOT / CONFIGS[0]).read_text())["rl"]["stages"]
     for stage in RL:   # each step's rollouts came from TRL's colocated LLM, synced first; every step updated
         log = (run / "logs" / f"{stage}.log").read_text()
@@ -96,6 +117,9 @@ def test_tiny_dag_completes_with_rollout_engine_vllm(run):
         assert all(not r["update_skipped"] for r in rows), (stage, rows)
         for step in range(len(rows)):
             assert f"[rl] vLLM weights synced at step {step}" in log, (stage, step)
+        # TRL's engine was built eager (the overlay's enforce_eager): vLLM logs the arguments it was given
+        args = [ln for ln in log.splitlines() if "non-default args: " in ln]
+        assert len(args) == 1 and "'enforce_eager': True" in args[0], (stage, args)
     # evaluation set the overlay's environment before its AsyncLLM started (the stage's own line: vLLM's INFO log
     # is hidden where an earlier test's TRL import left VLLM_LOGGING_LEVEL=ERROR in the environment)
     log = (run / "logs/evaluate_rl_stage3.log").read_text()

@@ -1,6 +1,7 @@
 """The settings an in-process vLLM engine starts with (``distributed.vllm``, handed to the rollouts as
-``RolloutConfig.vllm``): the environment it reads when it starts, and the ``AsyncEngineArgs`` of the engine that
-evaluation and hard-problem mining build (paper §3.2: the rollout engine; §5: evaluation).
+``RolloutConfig.vllm``): the environment it reads when it starts, the ``AsyncEngineArgs`` of the engine that
+evaluation and hard-problem mining build, and ``enforce_eager`` for the ``vllm.LLM`` TRL colocates with the RL
+trainer (paper §3.2: the rollout engine; §5: evaluation).
 
 vLLM reads its ``VLLM_*`` variables when an engine starts (vllm 0.31.0 ``vllm/envs.py``; the CPU build's
 ``vllm/platforms/cpu.py`` reads ``VLLM_CPU_KVCACHE_SPACE``, the KV cache in GiB, and ``VLLM_CPU_OMP_THREADS_BIND``
@@ -11,6 +12,7 @@ sets them in its own process first (``set_env``), before TRL builds its colocate
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -38,3 +40,28 @@ def async_engine_args(model_path: str, vllm: dict | None):
     v = vllm or {}
     return AsyncEngineArgs(model=model_path, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
                            max_model_len=v.get("max_model_length"), enforce_eager=bool(v.get("enforce_eager")))
+
+
+@contextlib.contextmanager
+def colocated_llm_args(vllm: dict | None):
+    """While open, the ``vllm.LLM`` that TRL's colocate mode builds (trl 1.16 ``trl/generation/vllm_generation.py``,
+    in the trainer's ``__init__``) also gets ``enforce_eager`` where ``vllm["enforce_eager"]`` is set: TRL passes
+    no such argument, so its engine would trace and compile the model before the first rollout (on a 2-core CPU a
+    tiny Qwen3's first ``generate`` took 16.8 s traced against 5.5 s eager). Without the switch nothing changes.
+
+    Raises:
+        ImportError: TRL's vLLM generation module (and so vLLM) is not installed, with the switch set.
+    """
+    if not (vllm or {}).get("enforce_eager"):
+        yield
+        return
+    import functools
+
+    from trl.generation import vllm_generation  # optional: TRL's vLLM path needs vLLM
+
+    built = vllm_generation.LLM
+    vllm_generation.LLM = functools.partial(built, enforce_eager=True)
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = built

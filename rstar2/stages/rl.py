@@ -13,7 +13,7 @@ from ..io import read_jsonl, write_manifest
 from ..params import merge_overrides, to_dict
 from ..rollout.scheduler import policy_name
 from ..rollout.vllm_reproducible import enable_batch_invariance
-from ..rollout.vllm_settings import set_env
+from ..rollout.vllm_settings import colocated_llm_args, set_env
 from .interrupts import finished_root, keep_finished, restore_finished, stop_on_signal
 from .params import RLParams, parse
 
@@ -231,10 +231,11 @@ def _run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_f
     if p.rollout.engine == "vllm":
         set_env(p.rollout.vllm)
     batch_invariant = enable_batch_invariance(p.rollout.reproducible, p.rollout.engine)
-    trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
-                                   processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks,
-                                   micro_batch_tokens=p.micro_batch_tokens, finite_guard=guard, where=str(out), tis=p.tis,
-                                   optimizer_from=str(optimizer_from) if carried else None)
+    with colocated_llm_args(p.rollout.vllm if p.rollout.engine == "vllm" else None):
+        trainer = make_trainer_class()(model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset,
+                                       processing_class=tok, rollout_fn=rollout_fn, callbacks=callbacks,
+                                       micro_batch_tokens=p.micro_batch_tokens, finite_guard=guard, where=str(out),
+                                       tis=p.tis, optimizer_from=str(optimizer_from) if carried else None)
     distributed.check_engine(trainer.accelerator)  # an FSDP launch that would train unsharded stops here
     if p.trainer.shared_prefix and ps.num_processes == 1:  # a DDP/FSDP/ZeRO-3 wrapper must see every forward
         from ..rl import shared_prefix
