@@ -9,7 +9,8 @@ fails on bad input ends the workflow with the job's own one-line error.
 Covered: the whole tiny DAG, every rule through sbatch: the jobs up to RL stage 1 first (base_model, sft_data,
 sft, rl_candidates, rl_data, rl), where the cancel lands, then the rest in the same folder (RL stages 2-3,
 hard_problems, evaluate of the final model, report). Not shown: several nodes, GPUs (the gpu partition has no
-gres), memory enforcement (no cgroups).
+gres), memory enforcement (no cgroups). Snakemake runs as ``python -m snakemake`` does, except that the executor
+checks the jobs' states every 3 s at most instead of 10 s longer after each check (tests/slurm_snakemake.py).
 Where SLURM cannot start (not root, packages not installable), the module fails with the script's one line.
 """
 
@@ -74,7 +75,9 @@ def _workdir(root: Path, extra: dict) -> Path:
 
 
 def _snakemake(wd: Path, env: dict, *targets: str, popen: bool = False, extra: tuple = ()):
-    cmd = [sys.executable, "-m", "snakemake", *targets, *PROFILE, *extra,   # targets first: --configfile takes a list
+    # python -m snakemake with status checks at most 3 s apart (tests/slurm_snakemake.py); targets first:
+    # --configfile takes a list
+    cmd = [sys.executable, str(REPO / "tests" / "slurm_snakemake.py"), *targets, *PROFILE, *extra,
            "--configfile", "configs/tiny.yaml", "configs/slurm_test.yaml"]
     if popen:   # output to a file: a pipe nobody reads while the run goes on could fill and stall it
         return subprocess.Popen(cmd, cwd=wd, env=env, stdout=open(wd / "snakemake.out", "w"),
