@@ -127,13 +127,13 @@ def copy_run(src: Path, dest: Path) -> Path:
 # directory at a time; the torch.distributed rendezvous port), and the groups are handed out longest first, so that
 # the last group to start is a short one.
 SHARED_GROUPS = {"test_cluster": "slurm", "test_slurm_live": "slurm", "test_two_nodes": "slurm"}
-# seconds per group in the kept reference run (docs/measurements/tests/a444164-amx, 2-core Xeon, two workers);
+# seconds per group in the kept reference run (docs/measurements/tests/e1d1394-amx, 2-core Xeon, two workers);
 # a group not listed counts as short
-GROUP_SECONDS = {"test_learning_signal": 527, "slurm": 460, "test_vllm_dag": 368, "test_workflow": 248, "test_fsdp": 212,
-                 "test_rl_resume": 159, "test_vllm_server": 91, "test_containers": 84, "test_rl_faults": 69,
-                 "test_vllm_rollout": 62, "test_interrupts": 61, "test_distributed": 45, "test_vllm_rl": 44,
-                 "test_sandbox_adversarial": 41, "test_report": 39, "test_interrupts_workflow": 36,
-                 "test_sandbox_service": 29}
+GROUP_SECONDS = {"test_learning_signal": 642, "slurm": 356, "test_workflow": 346, "test_vllm_dag": 224, "test_fsdp": 195,
+                 "test_rl_resume": 182, "test_vllm_server": 104, "test_containers": 96, "test_rl_faults": 86,
+                 "test_interrupts": 73, "test_vllm_rollout": 60, "test_report": 52, "test_vllm_rl": 51,
+                 "test_distributed": 44, "test_sandbox_adversarial": 40, "test_interrupts_workflow": 40,
+                 "test_sandbox_service": 33}
 
 
 def _group(nodeid: str) -> str:
