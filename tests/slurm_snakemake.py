@@ -12,13 +12,19 @@ Usage (as ``python -m snakemake``): python tests/slurm_snakemake.py TARGETS --pr
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 POLL_S = 3.0
 
 
 def main() -> None:
+    sys.path[0] = os.getcwd()   # as under -m: tests/ must not shadow a module Snakemake imports
     from snakemake.cli import main as snakemake_main
     from snakemake_executor_plugin_slurm import Executor
+
+    # the interface's RemoteExecutor.sleep is what its status loop awaits; a plugin with its own would bypass this
+    assert "sleep" not in vars(Executor), "snakemake-executor-plugin-slurm now defines its own sleep"
 
     async def sleep(self) -> None:
         await asyncio.sleep(min(self.next_seconds_between_status_checks, POLL_S))

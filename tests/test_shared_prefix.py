@@ -155,5 +155,13 @@ def test_the_fused_head_scores_only_labelled_positions_on_the_cpu_with_the_same_
     assert scored == [ids.shape[0] * (ids.shape[1] - 1), labelled] and labelled < scored[0] // 4
     for f in FIELDS:
         torch.testing.assert_close(getattr(got, f), getattr(ref, f), rtol=1e-12, atol=1e-12, msg=f)
+    # TRL's chunked head computes the head weight's gradient in float32 (trl/kernels/chunked_logprob.py), summed over
+    # every position or over the labelled ones only, in an order MKL picks by shape: bitwise equal with MKL's AVX-512
+    # kernels, 2.4e-7 apart (of gradients up to 5.9) with its AVX2 ones (MKL_ENABLE_INSTRUCTIONS=AVX2; a Zen 3's).
+    # Every other gradient comes out equal.
+    head = {n for n, p in model.named_parameters() if p is model.get_output_embeddings().weight}
+    assert len(head) == 1, head
     for n in ref_g:
-        torch.testing.assert_close(got_g[n], ref_g[n], rtol=1e-10, atol=1e-12, msg=n)
+        tol = {"rtol": 1e-5, "atol": 1e-6} if n in head else {"rtol": 1e-10, "atol": 1e-12}
+        assert ref_g[n].abs().max() > 1e-3, n   # against what the tolerance allows
+        torch.testing.assert_close(got_g[n], ref_g[n], **tol, msg=n)

@@ -47,19 +47,20 @@ def colocated_llm_args(vllm: dict | None):
     """While open, the ``vllm.LLM`` that TRL's colocate mode builds (trl 1.16 ``trl/generation/vllm_generation.py``,
     in the trainer's ``__init__``) also gets ``enforce_eager`` where ``vllm["enforce_eager"]`` is set: TRL passes
     no such argument, so its engine would trace and compile the model before the first rollout (on a 2-core CPU a
-    tiny Qwen3's first ``generate`` took 16.8 s traced against 5.5 s eager). Without the switch nothing changes.
-
-    Raises:
-        ImportError: TRL's vLLM generation module (and so vLLM) is not installed, with the switch set.
+    tiny Qwen3's first ``generate`` took 16.8 s traced against 5.5 s eager). Without the switch, or without vLLM
+    (TRL then raises its own "vLLM is not available" when it builds the engine), nothing changes.
     """
-    if not (vllm or {}).get("enforce_eager"):
+    if not (vllm or {}).get("enforce_eager"):   # before the import: it imports vLLM where vLLM is installed
         yield
         return
     import functools
 
-    from trl.generation import vllm_generation  # optional: TRL's vLLM path needs vLLM
+    from trl.generation import vllm_generation  # imports without vLLM; LLM is there only with it
 
-    built = vllm_generation.LLM
+    built = getattr(vllm_generation, "LLM", None)
+    if built is None:
+        yield
+        return
     vllm_generation.LLM = functools.partial(built, enforce_eager=True)
     try:
         yield

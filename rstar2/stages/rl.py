@@ -237,6 +237,10 @@ def _run(params: dict, model_dir: str, data_path: str, out_dir: str, optimizer_f
                                        micro_batch_tokens=p.micro_batch_tokens, finite_guard=guard, where=str(out),
                                        tis=p.tis, optimizer_from=str(optimizer_from) if carried else None)
     distributed.check_engine(trainer.accelerator)  # an FSDP launch that would train unsharded stops here
+    colocated = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    if colocated is not None:  # the stage's own line: vLLM's INFO log is hidden where TRL set VLLM_LOGGING_LEVEL
+        print(f"[vllm] colocated engine: enforce_eager={colocated.llm_engine.vllm_config.model_config.enforce_eager}",
+              flush=True)
     if p.trainer.shared_prefix and ps.num_processes == 1:  # a DDP/FSDP/ZeRO-3 wrapper must see every forward
         from ..rl import shared_prefix
 
