@@ -227,7 +227,8 @@ def _log(line: str) -> None:
 
 
 def _reap(jobs: dict) -> None:
-    """Finished jobs: their status to their clients, then a line in the log."""
+    """Finished jobs: a line in the log, then their status to their clients (a client that has its status finds
+    its job's line in the log)."""
     while jobs:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
@@ -236,14 +237,14 @@ def _reap(jobs: dict) -> None:
         if job is None:
             continue
         conn, name, start = job
+        _log(f"[stage-server] {name} (pid {pid}) exited {os.waitstatus_to_exitcode(status)} after "
+             f"{time.monotonic() - start:.1f} s")
         if conn is not None:
             try:
                 send(conn, {"status": status})
             except OSError:
                 pass
             conn.close()
-        _log(f"[stage-server] {name} (pid {pid}) exited {os.waitstatus_to_exitcode(status)} after "
-             f"{time.monotonic() - start:.1f} s")
 
 
 def _from_client(pid: int, conn: socket.socket, name: str, start: float, jobs: dict) -> None:
