@@ -143,11 +143,51 @@ def _group(nodeid: str) -> str:
 
 def pytest_configure(config):
     _threads_per_worker(config)
+    _forked_children_release_the_workers_pipes(config)
     served.configure()   # after the thread counts: the stage server imports under the jobs' environment
 
 
 def pytest_unconfigure(config):
     served.stop()
+
+
+def _forked_children_release_the_workers_pipes(config) -> None:
+    """In an xdist worker, a child forked without exec (multiprocessing's fork, vLLM's engine core, ``os.fork``) has
+    its own copies of the pipes to the controller: the two the controller reads and writes the worker through, and
+    pytest's saved copy of the worker's stderr. When the worker crashes, the controller waits for the end of the
+    first until every such child has exited, and whoever reads the run's output waits for the end of the last: a
+    forked child that outlives its crashed worker hangs the session (one sleeping 120 s held the crash's report for
+    120 s; measured). In each forked child, every descriptor above 2 on a pipe the worker held when pytest configured
+    it (only those pipes, to the controller, exist then) is pointed at /dev/null: not closed, so that nothing the
+    child opens later gets its number, which the worker's file objects would close at exit. The child's own 0-2
+    are its output, left as they are."""
+    import os
+    import stat
+
+    if not any(type(p).__name__ == "WorkerInteractor" for p in config.pluginmanager.get_plugins()):
+        return   # not an xdist worker
+
+    def pipes() -> dict[int, tuple[int, int]]:
+        found = {}
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                st = os.fstat(int(name))
+            except OSError:   # the listing's own descriptor
+                continue
+            if stat.S_ISFIFO(st.st_mode) and int(name) > 2:
+                found[int(name)] = (st.st_dev, st.st_ino)
+        return found
+
+    controller = set(pipes().values())
+
+    def release() -> None:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd, key in pipes().items():
+            if key in controller:
+                os.dup2(null, fd, inheritable=False)
+        os.close(null)
+
+    os.register_at_fork(after_in_child=release)
 
 
 def _threads_per_worker(config) -> None:
@@ -194,6 +234,23 @@ def pytest_xdist_make_scheduler(config, log):
                     break
             if not self.workqueue:
                 node.shutdown()
+
+        def remove_node(self, node) -> str | None:
+            # xdist's own queues the crashed test again with the rest of its group, so a test that crashes its
+            # worker every time (e.g. a native abort on this CPU) reran on each replacement worker until the restart
+            # limit, its module's fixtures rebuilt each time: it is reported failed once and the rest of its group
+            # (only groups with tests left to run) goes back in the queue.
+            workload = self.assigned_work.pop(node)
+            left = [nodeid for unit in workload.values() for nodeid, done in unit.items() if not done]
+            if not left:
+                return None
+            for unit in workload.values():
+                if left[0] in unit:
+                    unit[left[0]] = True
+            self.workqueue.update((scope, unit) for scope, unit in workload.items() if not all(unit.values()))
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return left[0]
 
     config.option.loadscopereorder = False   # keep the longest-first order of pytest_collection_modifyitems
     return ModuleGroups(config, log)
