@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import served
+import xdist_workers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,73 +122,14 @@ def copy_run(src: Path, dest: Path) -> Path:
     return dest
 
 
-
-# pytest-xdist (`make test` runs two workers): a module's tests stay on one worker (its module fixtures are built
-# once), modules that share a machine-wide resource share a group (one SLURM cluster's fixed ports and state
-# directory at a time; the torch.distributed rendezvous port), and the groups are handed out longest first, so that
-# the last group to start is a short one.
-SHARED_GROUPS = {"test_cluster": "slurm", "test_slurm_live": "slurm", "test_two_nodes": "slurm"}
-# seconds per group in the kept reference run (docs/measurements/tests/e1d1394-amx, 2-core Xeon, two workers);
-# a group not listed counts as short
-GROUP_SECONDS = {"test_learning_signal": 642, "slurm": 356, "test_workflow": 346, "test_vllm_dag": 224, "test_fsdp": 195,
-                 "test_rl_resume": 182, "test_vllm_server": 104, "test_containers": 96, "test_rl_faults": 86,
-                 "test_interrupts": 73, "test_vllm_rollout": 60, "test_report": 52, "test_vllm_rl": 51,
-                 "test_distributed": 44, "test_sandbox_adversarial": 40, "test_interrupts_workflow": 40,
-                 "test_sandbox_service": 33}
-
-
-def _group(nodeid: str) -> str:
-    module = nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
-    return SHARED_GROUPS.get(module, module)
-
-
 def pytest_configure(config):
     _threads_per_worker(config)
-    _forked_children_release_the_workers_pipes(config)
+    xdist_workers.release_pipes_in_forked_children(config)
     served.configure()   # after the thread counts: the stage server imports under the jobs' environment
 
 
 def pytest_unconfigure(config):
     served.stop()
-
-
-def _forked_children_release_the_workers_pipes(config) -> None:
-    """In an xdist worker, a child forked without exec (multiprocessing's fork, vLLM's engine core, ``os.fork``) has
-    its own copies of the pipes to the controller: the two the controller reads and writes the worker through, and
-    pytest's saved copy of the worker's stderr. When the worker crashes, the controller waits for the end of the
-    first until every such child has exited, and whoever reads the run's output waits for the end of the last: a
-    forked child that outlives its crashed worker hangs the session (one sleeping 120 s held the crash's report for
-    120 s; measured). In each forked child, every descriptor above 2 on a pipe the worker held when pytest configured
-    it (only those pipes, to the controller, exist then) is pointed at /dev/null: not closed, so that nothing the
-    child opens later gets its number, which the worker's file objects would close at exit. The child's own 0-2
-    are its output, left as they are."""
-    import os
-    import stat
-
-    if not any(type(p).__name__ == "WorkerInteractor" for p in config.pluginmanager.get_plugins()):
-        return   # not an xdist worker
-
-    def pipes() -> dict[int, tuple[int, int]]:
-        found = {}
-        for name in os.listdir("/proc/self/fd"):
-            try:
-                st = os.fstat(int(name))
-            except OSError:   # the listing's own descriptor
-                continue
-            if stat.S_ISFIFO(st.st_mode) and int(name) > 2:
-                found[int(name)] = (st.st_dev, st.st_ino)
-        return found
-
-    controller = set(pipes().values())
-
-    def release() -> None:
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd, key in pipes().items():
-            if key in controller:
-                os.dup2(null, fd, inheritable=False)
-        os.close(null)
-
-    os.register_at_fork(after_in_child=release)
 
 
 def _threads_per_worker(config) -> None:
@@ -213,51 +155,15 @@ def _threads_per_worker(config) -> None:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scope scheduling with this suite's groups as scopes, handed out in collection order."""
-    from xdist.scheduler import LoadScopeScheduling
+    return xdist_workers.module_groups(config, log)
 
-    class ModuleGroups(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _group(nodeid)
 
-        def _reschedule(self, node) -> None:
-            # the next group goes to a worker only when it is on its last test (xdist's own rule queues two groups
-            # ahead, so a long group could wait behind another on a busy worker while the other worker idles).
-            # After a worker crash xdist queues again every group that worker had, finished ones included: a
-            # group with nothing left to run must not count as the worker's next one (it hung the session).
-            if node.shutting_down:
-                return
-            while self.workqueue and self._pending_of(self.assigned_work[node]) <= 1:
-                before = self._pending_of(self.assigned_work[node])
-                self._assign_work_unit(node)
-                if self._pending_of(self.assigned_work[node]) > before:
-                    break
-            if not self.workqueue:
-                node.shutdown()
-
-        def remove_node(self, node) -> str | None:
-            # xdist's own queues the crashed test again with the rest of its group, so a test that crashes its
-            # worker every time (e.g. a native abort on this CPU) reran on each replacement worker until the restart
-            # limit, its module's fixtures rebuilt each time: it is reported failed once and the rest of its group
-            # (only groups with tests left to run) goes back in the queue.
-            workload = self.assigned_work.pop(node)
-            left = [nodeid for unit in workload.values() for nodeid, done in unit.items() if not done]
-            if not left:
-                return None
-            for unit in workload.values():
-                if left[0] in unit:
-                    unit[left[0]] = True
-            self.workqueue.update((scope, unit) for scope, unit in workload.items() if not all(unit.values()))
-            for other in self.assigned_work:
-                self._reschedule(other)
-            return left[0]
-
-    config.option.loadscopereorder = False   # keep the longest-first order of pytest_collection_modifyitems
-    return ModuleGroups(config, log)
+def pytest_runtest_logstart(nodeid, location):
+    xdist_workers.STARTED.add(nodeid)   # in the controller: relayed from the workers
 
 
 def pytest_collection_modifyitems(config, items):
     import os
 
     if os.environ.get("PYTEST_XDIST_WORKER"):   # stable sort: a module's tests stay in their order
-        items.sort(key=lambda item: -GROUP_SECONDS.get(_group(item.nodeid), 0))
+        items.sort(key=lambda item: -xdist_workers.GROUP_SECONDS.get(xdist_workers.group(item.nodeid), 0))
