@@ -284,11 +284,12 @@ def test_next_stage_continues_the_sharded_optimizer(runs):
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM's CPU build is not installed (make setup-test installs it)")
 def test_vllm_gets_the_gathered_weights_before_each_step(runs):
     """Stage 3 with rollout.engine vllm: each process's colocated vLLM gets the policy gathered from the FSDP
-    shards before each step's rollouts. At step 2, after the step-1 update moved the policy's log-probabilities of
-    a fixed sequence by more than ten times the tolerance (bfloat16 rounding: vLLM's CPU build), vLLM's still equal
-    the trainer's within it; without the gather and sync they would differ by the update's move (measured: gaps
-    2.6e-2 and 1.7e-2, move 0.83). Step 1's recorded sampler/learner mismatch over vLLM's own rollouts is within
-    the tolerance too."""
+    shards before each step's rollouts. At step 2 vLLM's log-probabilities of a fixed sequence equal the trainer's
+    within the tolerance (bfloat16 rounding: vLLM's CPU build), while an engine left with step 1's weights would be
+    more than five times the tolerance off (its step-1 values against the trainer's at step 2: the step-1 update
+    moved them). Measured: gaps 2.6e-2 and 1.7e-2, move 0.83 on the 2-core Xeon (bf16 training); gaps 2.6e-2 and
+    1.9e-2, move 0.53 with oneDNN and MKL capped at AVX2 (float32 training, as where the CPU has no bf16). Step 1's
+    recorded sampler/learner mismatch over vLLM's own rollouts is within the tolerance too."""
     root = runs
     s3 = root / "y" / "stage3"
     metrics = _rows(s3 / "metrics.jsonl")
@@ -296,11 +297,11 @@ def test_vllm_gets_the_gathered_weights_before_each_step(runs):
     gap = lambda a, b: max(abs(u - v) for u, v in zip(a, b))  # noqa: E731
     for rec in _records(s3, "rl"):
         (p1, p2) = rec["probes"]
-        moved = gap(p1["trainer"], p2["trainer"])
+        moved, stale = gap(p1["trainer"], p2["trainer"]), gap(p1["vllm"], p2["trainer"])
         print(f"step 1 |vLLM - trainer| {gap(p1['vllm'], p1['trainer']):.1e}; update moved the trainer {moved:.1e}; "
-              f"step 2 |vLLM - trainer| {gap(p2['vllm'], p2['trainer']):.1e}")
+              f"step 2 |vLLM - trainer| {gap(p2['vllm'], p2['trainer']):.1e}, with step 1's weights {stale:.1e}")
         assert gap(p1["vllm"], p1["trainer"]) < TOL_VLLM
-        assert moved > 10 * TOL_VLLM
+        assert stale > 5 * TOL_VLLM, "the step-1 update moved too little for the check to tell a stale engine"
         assert gap(p2["vllm"], p2["trainer"]) < TOL_VLLM, "vLLM did not get the updated weights"
     assert metrics[0]["train_rollout_logprob_abs_diff"] < TOL_VLLM
     log = (root / "launch_b.log").read_text()
