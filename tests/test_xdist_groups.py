@@ -1,4 +1,4 @@
-"""The suite's pytest-xdist scheduling (tests/conftest.py) runs every test and ends, a worker crash included."""
+"""The suite's pytest-xdist scheduling (tests/xdist_workers.py) runs every test and ends, a worker crash included."""
 
 import os
 import shutil
@@ -25,7 +25,8 @@ def test_3(): pass
 
 
 # a test that forks a long-lived child (as vLLM's engine core or multiprocessing's fork start) and then kills its
-# own worker, every time it runs (as a native abort would); the child keeps none of the test run's output streams, as a daemon with its own log
+# own worker, every time it runs (as a native abort would); the child keeps none of the test run's output streams,
+# as a daemon with its own log
 KILLED_BESIDE_A_CHILD = '''
 import os, signal, time
 from pathlib import Path
@@ -61,8 +62,8 @@ def _suite(tmp_path, modules: dict[str, str]) -> None:
 
 def test_a_worker_killed_beside_a_forked_child_is_reported_once_and_the_session_ends(tmp_path):
     """The worker is killed while a child it forked lives on: the session must report that test as failed once and
-    run the rest of its module on a replacement worker, within seconds. Without the fork hook (tests/xdist_workers.py) the
-    controller waited for the child's copy of the worker's pipe (the child's lifetime; for one that never exits,
+    run the rest of its module on a replacement worker, within seconds. Without the fork hook (tests/xdist_workers.py)
+    the controller waited for the child's copy of the worker's pipe (the child's lifetime; for one that never exits,
     forever); without its remove_node the crashing test ran again on every replacement worker, up to the restart
     limit (9 failures; both measured)."""
     _suite(tmp_path, {"a": "def test_1(): pass\ndef test_2(): pass\n", "b": KILLED_BESIDE_A_CHILD,
