@@ -1,8 +1,8 @@
 """Emulation of a CPU without bf16 (AVX2 only, as a Zen 3) on one with AMX, for timing the test suite
 (docs/tests.md), never for results.
 
-Use: ``PYTHONPATH=scripts/no_bf16_emulation ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-MKL_ENABLE_INSTRUCTIONS=AVX2 make test``. The three caps make ATen, oneDNN and MKL run their AVX2 kernels and
+Use: ``PYTHONPATH=$PWD/scripts/no_bf16_emulation ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2 make test`` (an absolute path: the workflow's jobs run in other folders). The three caps make ATen, oneDNN and MKL run their AVX2 kernels and
 ``rstar2.precision`` choose float32. They do not reach ``torch.cpu._is_*_supported()``, which read the CPU's own
 flags, and vLLM's CPU build picks its kernels from those: its AVX-512 bf16 library and AMX kernels, which the
 capped oneDNN refuses (it aborts). This file, imported by every Python process that has it on ``PYTHONPATH``,
