@@ -1,12 +1,14 @@
 """Keep the durations of a reference run of the test suite, with the machine it ran on.
 
     python scripts/test_durations.py save JUNIT_XML [--name NAME] [--wall-s S] [--note TEXT]
-    python scripts/test_durations.py table DIR [--top N]
+    python scripts/test_durations.py table RUN [--top N]
 
 ``save`` copies pytest's JUnit XML (``pytest --junitxml``) into ``docs/measurements/tests/NAME/`` (NAME: the
 commit's short hash by default) with ``run.json`` (CPU model, cores, the flags that decide precision and speed,
 commit, wall time) and ``durations.md`` (the total, the time per module and the slowest tests), so the docs'
-numbers about the suite have a kept source. ``table`` prints ``durations.md``'s content again from the kept XML.
+numbers about the suite have a kept source; the ISA caps in ``run.json`` (``ATEN_CPU_CAPABILITY`` and the like)
+are read from the environment ``save`` runs in, so give it the run's. ``table`` prints ``durations.md``'s content
+again from the kept XML (RUN: a folder, or a kept run's name such as ``63aad35-amx``).
 Each test's time is the sum of its set-up, call and tear-down (a module fixture's cost lands on the test that
 first used it), as pytest's ``--durations`` counts it. With several pytest-xdist workers (``make test`` runs two)
 the tests overlap, so their total exceeds the session's time, which the table gives as well (the XML's
@@ -45,7 +47,10 @@ def cases(junit: Path) -> list[dict]:
     return out
 
 
-def table(junit: Path, run: dict | None = None, top: int = 20) -> str:
+TOP = 30   # slowest tests listed
+
+
+def table(junit: Path, run: dict | None = None, top: int = TOP) -> str:
     """Markdown: the machine, the counts by outcome, the total, the time per module and the ``top`` slowest."""
     rows = cases(junit)
     session_s = float(next(ET.parse(junit).getroot().iter("testsuite")).get("time") or 0)
@@ -85,7 +90,7 @@ def save(junit: Path, name: str | None, wall_s: float | None, note: str) -> Path
     shutil.copy2(junit, dest / "junit.xml")
     run = {"machine": machine(), "commit": commit, "wall_s": wall_s, "note": note}
     (dest / "run.json").write_text(json.dumps(run, indent=1) + "\n")
-    (dest / "durations.md").write_text(table(dest / "junit.xml", run, top=30))
+    (dest / "durations.md").write_text(table(dest / "junit.xml", run))
     return dest
 
 
@@ -98,14 +103,16 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--wall-s", type=float)
     s.add_argument("--note", default="")
     t = sub.add_parser("table")
-    t.add_argument("dir", type=Path)
-    t.add_argument("--top", type=int, default=20)
+    t.add_argument("run", type=Path)
+    t.add_argument("--top", type=int, default=TOP)
     a = ap.parse_args(argv)
     if a.cmd == "save":
         print(save(a.junit, a.name, a.wall_s, a.note))
     else:
-        run_json = a.dir / "run.json"
-        print(table(a.dir / "junit.xml", json.loads(run_json.read_text()) if run_json.exists() else None, a.top))
+        folder = a.run if a.run.is_dir() else REPO / "docs" / "measurements" / "tests" / a.run
+        run_json = folder / "run.json"
+        sys.stdout.write(table(folder / "junit.xml", json.loads(run_json.read_text()) if run_json.exists() else None,
+                               a.top))
 
 
 if __name__ == "__main__":
