@@ -130,7 +130,8 @@ def test_a_crash_fails_a_started_test_once_and_an_unstarted_one_still_runs():
         sched = cls.__new__(cls)   # the scheduler's state alone: no config, no workers
         sched.workqueue = OrderedDict()
         sched.assigned_work = {crashed: {"test_done": {"test_done.py::t1": True},
-                                         "test_m": {"test_m.py::t1": True, "test_m.py::t2": False, "test_m.py::t3": False}},
+                                         "test_m": {"test_m.py::t1": True, "test_m.py::t2": False,
+                                                    "test_m.py::t3": False}},
                                other: {"test_x": {"test_x.py::t1": True, "test_x.py::t2": False}}}
         sched.registered_collections = {other: ["test_m.py::t1", "test_m.py::t2", "test_m.py::t3", "test_x.py::t1",
                                                 "test_x.py::t2"]}
