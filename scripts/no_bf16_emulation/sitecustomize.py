@@ -3,11 +3,12 @@
 
 Use: ``PYTHONPATH=$PWD/scripts/no_bf16_emulation ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 MKL_ENABLE_INSTRUCTIONS=AVX2 make test`` (an absolute path: the workflow's jobs run in other folders). The three
-caps make ATen, oneDNN and MKL run their AVX2 kernels and ``rstar2.precision`` choose float32. They do not reach ``torch.cpu._is_*_supported()``, which read the CPU's own
-flags, and vLLM's CPU build picks its kernels from those: its AVX-512 bf16 library and AMX kernels, which the
-capped oneDNN refuses (it aborts). This file, imported by every Python process that has it on ``PYTHONPATH``,
-makes each of them but AVX2's answer False, so vLLM loads ``vllm._C_AVX2`` and the kernels it uses on a CPU
-without AVX-512, as on a Zen 3. Code compiled for AVX-512 that decides by other means still runs it."""
+caps make ATen, oneDNN and MKL run their AVX2 kernels and ``rstar2.precision`` choose float32. They do not reach
+``torch.cpu._is_*_supported()``, which read the CPU's own flags, and vLLM's CPU build picks its kernels from those:
+its AVX-512 bf16 library and AMX kernels, which the capped oneDNN refuses (it aborts). This file, imported by every
+Python process that has it on ``PYTHONPATH``, makes each of them but AVX2's answer False, so vLLM loads
+``vllm._C_AVX2`` and the kernels it uses on a CPU without AVX-512, as on a Zen 3. Code compiled for AVX-512 that
+decides by other means still runs it."""
 
 import importlib.abc
 import importlib.machinery
