@@ -18,8 +18,8 @@ SHARED_GROUPS = {"test_cluster": "slurm", "test_slurm_live": "slurm", "test_two_
 GROUP_SECONDS = {"test_learning_signal": 642, "slurm": 356, "test_workflow": 346, "test_vllm_dag": 224,
                  "test_fsdp": 195, "test_rl_resume": 182, "test_vllm_server": 104, "test_containers": 96,
                  "test_rl_faults": 86, "test_interrupts": 73, "test_vllm_rollout": 60, "test_report": 52,
-                 "test_vllm_rl": 51, "test_distributed": 44, "test_sandbox_adversarial": 40, "test_interrupts_workflow": 40,
-                 "test_sandbox_service": 33}
+                 "test_vllm_rl": 51, "test_distributed": 44, "test_sandbox_adversarial": 40,
+                 "test_interrupts_workflow": 40, "test_sandbox_service": 33}
 # in the controller: the tests a worker has started (pytest_runtest_logstart, which xdist relays from the workers)
 STARTED: set[str] = set()
 
